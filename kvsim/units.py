@@ -1,0 +1,52 @@
+"""Parse human sizes ("80GiB", "1.5TB") and rates ("3.35TB/s") into plain numbers."""
+
+import re
+
+from kvsim.errors import ConfigError
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "pb": 10**15,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "pib": 2**50,
+}
+_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(value: str | int | float, field: str = "size") -> int:
+    """Bytes from an int or a string with a decimal (GB) or binary (GiB) unit."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{field}: expected a size such as '80GiB', got {value!r}")
+    if isinstance(value, int | float):
+        number, unit = float(value), ""
+    else:
+        match = _PATTERN.match(str(value))
+        if not match or match.group(2).lower() not in _UNITS:
+            raise ConfigError(f"{field}: expected a size such as '80GiB' or '1.5TB', got {value!r}")
+        number, unit = float(match.group(1)), match.group(2).lower()
+    if number < 0:
+        raise ConfigError(f"{field}: size must not be negative, got {value!r}")
+    return int(round(number * _UNITS[unit]))
+
+
+def parse_rate(value: str | int | float, field: str = "bandwidth") -> float:
+    """Bytes per second from a number or a string such as '3.35TB/s' or '25GiB/s'."""
+    text = value if isinstance(value, int | float) else str(value).strip().removesuffix("/s")
+    return float(parse_size(text, field)) if not isinstance(text, float) else text
+
+
+def format_bytes(n: float) -> str:
+    """Binary units for people: 327680 -> '320.0 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
