@@ -1,0 +1,197 @@
+"""Block hash chains derived from a prompt's segments, at any block size.
+
+A trace stores each prompt as content-addressed segments ``(hash, tokens, kind)``; the KV cache
+works in fixed-size blocks. This module turns one into the other, so one trace serves every block
+size.
+
+Definition. A running segment-chain value starts at ``CHAIN_SEED`` and absorbs one segment at a
+time: ``S[j+1] = mix(S[j], h[j], n[j])``. A full block ending at token ``e`` (exclusive) lies in the
+segment ``j`` with ``start[j] < e <= start[j] + n[j]`` and hashes to
+``mix(S[j], h[j], e - start[j])``. So a block hash names the whole prefix up to the block's end:
+two prompts share a block hash exactly when they share the segments up to that point, and a block
+ending on a segment boundary hashes to ``S[j+1]``. Hash 0 is never produced; it is reserved for
+"none".
+
+``mix`` is built from the splitmix64 finaliser with wrap-around uint64 arithmetic. The chain over
+segments is sequential (a short Python loop on ints); the per-block work is vectorised with numpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "CHAIN_SEED",
+    "batch_block_hashes",
+    "block_hashes",
+    "block_kinds",
+    "mix",
+    "sequence_block_hashes",
+]
+
+_MASK = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+#: Replaces a mix result of 0, which is reserved for "no hash".
+_ZERO_SUBSTITUTE = 0x5851F42D4C957F2D
+#: Chain value before the first segment ("kvsim" in ASCII, then a version byte).
+CHAIN_SEED = 0x6B7673696D000001
+
+_U_GAMMA = np.uint64(_GAMMA)
+_U_M1 = np.uint64(_M1)
+_U_M2 = np.uint64(_M2)
+_U30, _U27, _U31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+def _fmix_int(z: int) -> int:
+    """splitmix64 step on a Python int (bit-identical to `_fmix_arr`)."""
+    z = (z + _GAMMA) & _MASK
+    z = ((z ^ (z >> 30)) * _M1) & _MASK
+    z = ((z ^ (z >> 27)) * _M2) & _MASK
+    return z ^ (z >> 31)
+
+
+def _fmix_arr(z: np.ndarray) -> np.ndarray:
+    """splitmix64 step on a uint64 array; array (not scalar) arithmetic wraps without warnings."""
+    z = z + _U_GAMMA
+    z = (z ^ (z >> _U30)) * _U_M1
+    z = (z ^ (z >> _U27)) * _U_M2
+    return z ^ (z >> _U31)
+
+
+def _mix_pre_int(a: int, b: int) -> int:
+    """The part of mix(a, b, c) that does not depend on c, so it is computed once per segment."""
+    return _fmix_int(_fmix_int(a) ^ b)
+
+
+def _mix_int(a: int, b: int, c: int) -> int:
+    out = _fmix_int(_mix_pre_int(a, b) ^ c)
+    return out or _ZERO_SUBSTITUTE
+
+
+def _mix_post_arr(pre: np.ndarray, c: np.ndarray) -> np.ndarray:
+    out = _fmix_arr(pre ^ c.astype(np.uint64))
+    out[out == 0] = np.uint64(_ZERO_SUBSTITUTE)
+    return out
+
+
+def mix(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Mix chain value `a`, content hash `b` and token count `c` (uint64 arrays, broadcast).
+
+    Order matters (mix(a, b, c) != mix(b, a, c)) and the result is never 0.
+    """
+    a = np.atleast_1d(np.asarray(a, dtype=np.uint64))
+    b = np.atleast_1d(np.asarray(b, dtype=np.uint64))
+    c = np.atleast_1d(np.asarray(c, dtype=np.uint64))
+    return _mix_post_arr(_fmix_arr(_fmix_arr(a) ^ b), c)
+
+
+def _as_segments(seg_hashes: np.ndarray, seg_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    hashes = np.asarray(seg_hashes, dtype=np.uint64).ravel()
+    tokens = np.asarray(seg_tokens, dtype=np.int64).ravel()
+    if hashes.shape != tokens.shape:
+        raise ValueError(f"{hashes.size} segment hashes but {tokens.size} token counts")
+    if tokens.size and tokens.min() < 1:
+        raise ValueError("every segment must hold at least one token")
+    return hashes, tokens
+
+
+def _segment_prefix(hashes: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """Per segment j, the c-independent part of mix(S[j], h[j], ·), walking the chain."""
+    pre = np.empty(hashes.size, dtype=np.uint64)
+    s = CHAIN_SEED
+    for j, (h, n) in enumerate(zip(hashes.tolist(), tokens.tolist(), strict=True)):
+        p = _mix_pre_int(s, h)
+        pre[j] = p
+        s = _fmix_int(p ^ n) or _ZERO_SUBSTITUTE
+    return pre
+
+
+def _block_segment(tokens: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each full block: the segment holding its last token, and tokens of it up to the end."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    ends = np.cumsum(tokens)
+    total = int(ends[-1]) if ends.size else 0
+    block_ends = np.arange(1, total // block_size + 1, dtype=np.int64) * block_size
+    seg = np.searchsorted(ends, block_ends, side="left")
+    within = block_ends - (ends[seg] - tokens[seg])
+    return seg, within
+
+
+def block_hashes(seg_hashes: np.ndarray, seg_tokens: np.ndarray, block_size: int) -> np.ndarray:
+    """Hash of every full block of a prompt (uint64, `total // block_size` of them, none is 0)."""
+    hashes, tokens = _as_segments(seg_hashes, seg_tokens)
+    seg, within = _block_segment(tokens, block_size)
+    if seg.size == 0:
+        return np.empty(0, dtype=np.uint64)
+    pre = _segment_prefix(hashes, tokens)
+    return _mix_post_arr(pre[seg], within)
+
+
+def block_kinds(seg_kinds: np.ndarray, seg_tokens: np.ndarray, block_size: int) -> np.ndarray:
+    """Kind code (index into SEGMENT_KINDS) of the last token of every full block."""
+    kinds = np.asarray(seg_kinds, dtype=np.uint8).ravel()
+    tokens = np.asarray(seg_tokens, dtype=np.int64).ravel()
+    if kinds.shape != tokens.shape:
+        raise ValueError(f"{kinds.size} segment kinds but {tokens.size} token counts")
+    seg, _ = _block_segment(tokens, block_size)
+    return kinds[seg]
+
+
+def sequence_block_hashes(
+    seg_hashes: np.ndarray,
+    seg_tokens: np.ndarray,
+    output_hash: int,
+    output_tokens: int,
+    block_size: int,
+) -> np.ndarray:
+    """Full-block hashes of prompt + reply, as cached once the request finishes.
+
+    The reply is appended as one more segment when `output_hash` != 0, so the next turn of a chat,
+    whose prompt carries that segment, hits these blocks. A reply that is not content-addressed
+    (`output_hash` == 0) cannot be found again, so only the prompt's blocks are returned.
+    """
+    hashes, tokens = _as_segments(seg_hashes, seg_tokens)
+    if output_hash != 0 and output_tokens > 0:
+        hashes = np.append(hashes, np.uint64(output_hash))
+        tokens = np.append(tokens, np.int64(output_tokens))
+    return block_hashes(hashes, tokens, block_size)
+
+
+def batch_block_hashes(
+    offsets: np.ndarray, seg_hashes: np.ndarray, seg_tokens: np.ndarray, block_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Block hashes of many prompts at once (e.g. a whole trace), equal to `block_hashes` per row.
+
+    `offsets` (length rows + 1) delimits each row's segments in the flat arrays. Returns
+    `(block_offsets, hashes)` in the same layout. The chain walks segment positions, vectorised
+    over rows, so the Python loop runs max-segments-per-row times, not once per segment.
+    """
+    offsets = np.asarray(offsets, dtype=np.int64)
+    hashes, tokens = _as_segments(seg_hashes, seg_tokens)
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    rows = offsets.size - 1
+    counts = np.diff(offsets)
+    pre = np.empty(hashes.size, dtype=np.uint64)
+    chain = np.full(rows, CHAIN_SEED, dtype=np.uint64)
+    for k in range(int(counts.max()) if rows else 0):
+        live = np.flatnonzero(counts > k)
+        idx = offsets[live] + k
+        p = _fmix_arr(_fmix_arr(chain[live]) ^ hashes[idx])
+        pre[idx] = p
+        chain[live] = _mix_post_arr(p, tokens[idx])
+    # Per row, block ends in global token coordinates; find each block's segment in one search.
+    ends = np.cumsum(tokens)
+    row_start_tok = np.concatenate(([0], ends))[offsets[:-1]]
+    row_total = np.concatenate(([0], ends))[offsets[1:]] - row_start_tok
+    nblocks = row_total // block_size
+    block_offsets = np.concatenate(([0], np.cumsum(nblocks))).astype(np.int64)
+    row_of_block = np.repeat(np.arange(rows, dtype=np.int64), nblocks)
+    k_in_row = np.arange(block_offsets[-1], dtype=np.int64) - block_offsets[row_of_block]
+    block_ends = row_start_tok[row_of_block] + (k_in_row + 1) * block_size
+    seg = np.searchsorted(ends, block_ends, side="left")
+    within = block_ends - (ends[seg] - tokens[seg])
+    return block_offsets, _mix_post_arr(pre[seg], within)

@@ -1,0 +1,312 @@
+"""The canonical trace: one Arrow table, one row per request, whatever the source format.
+
+Every loader produces this table and the engine reads only this table, so a new source format is a
+new loader and nothing else. Columns (sorted by `arrival_s`, then `request_id`):
+
+- `request_id` int64, unique; `session_id` int64; `turn` int32, 0-based within the session.
+- `arrival_s` float64: nominal arrival, seconds from trace start (always filled).
+- `think_time_s` float64, nullable: when set and `turn` > 0, the request is issued this long after
+  the previous turn of its session finished (closed loop); when null it arrives at `arrival_s`.
+- `input_tokens` int32, `output_tokens` int32 (>= 1).
+- `segments` list<struct<hash uint64, tokens int32, kind string>>: the prompt as content-addressed
+  pieces, `sum(tokens) == input_tokens`, each `tokens >= 1`, `kind` in `SEGMENT_KINDS`.
+- `output_hash` uint64: content hash of the reply (0: not content-addressed).
+
+Schema metadata: `kvsim.trace_name`, `kvsim.native_block_size` (absent when the source has none),
+`kvsim.description` (one line on what is real and what is drawn).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from kvsim.errors import TraceError
+
+__all__ = [
+    "KIND_CODES",
+    "SEGMENT_KINDS",
+    "SEGMENT_TYPE",
+    "TRACE_SCHEMA",
+    "SegmentColumns",
+    "Trace",
+    "make_trace_table",
+    "read_trace",
+    "segment_columns",
+    "validate_trace",
+    "write_trace",
+]
+
+SEGMENT_KINDS = ("system", "user", "assistant", "tool", "document", "opaque")
+KIND_CODES = {kind: code for code, kind in enumerate(SEGMENT_KINDS)}
+
+META_NAME = b"kvsim.trace_name"
+META_BLOCK = b"kvsim.native_block_size"
+META_DESCRIPTION = b"kvsim.description"
+
+SEGMENT_TYPE = pa.struct(
+    [
+        pa.field("hash", pa.uint64(), nullable=False),
+        pa.field("tokens", pa.int32(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+    ]
+)
+
+TRACE_SCHEMA = pa.schema(
+    [
+        pa.field("request_id", pa.int64(), nullable=False),
+        pa.field("session_id", pa.int64(), nullable=False),
+        pa.field("turn", pa.int32(), nullable=False),
+        pa.field("arrival_s", pa.float64(), nullable=False),
+        pa.field("think_time_s", pa.float64(), nullable=True),
+        pa.field("input_tokens", pa.int32(), nullable=False),
+        pa.field("output_tokens", pa.int32(), nullable=False),
+        pa.field("segments", pa.list_(SEGMENT_TYPE), nullable=False),
+        pa.field("output_hash", pa.uint64(), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A canonical trace table with its metadata unpacked for convenience."""
+
+    table: pa.Table
+    name: str
+    native_block_size: int | None
+    description: str
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    @classmethod
+    def from_table(cls, table: pa.Table, source: str = "trace") -> Trace:
+        meta = table.schema.metadata or {}
+        block = meta.get(META_BLOCK)
+        try:
+            native = int(block) if block else None
+        except ValueError:
+            raise TraceError(
+                f"{source}: metadata 'kvsim.native_block_size': expected an integer, got {block!r}"
+            ) from None
+        return cls(
+            table=table,
+            name=meta.get(META_NAME, b"").decode(),
+            native_block_size=native,
+            description=meta.get(META_DESCRIPTION, b"").decode(),
+        )
+
+
+@dataclass(frozen=True)
+class SegmentColumns:
+    """The segments column as flat numpy arrays: row i owns `offsets[i]:offsets[i+1]`."""
+
+    offsets: np.ndarray  # int64, rows + 1
+    hashes: np.ndarray  # uint64
+    tokens: np.ndarray  # int64
+    kinds: np.ndarray  # uint8 codes into SEGMENT_KINDS
+
+
+def _metadata(name: str, native_block_size: int | None, description: str) -> dict[bytes, bytes]:
+    meta = {META_NAME: name.encode(), META_DESCRIPTION: description.encode()}
+    if native_block_size is not None:
+        meta[META_BLOCK] = str(int(native_block_size)).encode()
+    return meta
+
+
+def make_trace_table(
+    *,
+    request_id: np.ndarray,
+    session_id: np.ndarray,
+    turn: np.ndarray,
+    arrival_s: np.ndarray,
+    think_time_s: np.ndarray | None,
+    input_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    seg_offsets: np.ndarray,
+    seg_hashes: np.ndarray,
+    seg_tokens: np.ndarray,
+    seg_kinds: np.ndarray,
+    output_hash: np.ndarray,
+    name: str,
+    native_block_size: int | None,
+    description: str,
+) -> pa.Table:
+    """Build a canonical table from flat columns, sorted by (arrival_s, request_id).
+
+    `think_time_s` may be None (all null) or a float array with NaN for null. Segments arrive flat
+    with offsets, so no per-row Python object is built.
+    """
+    n = len(request_id)
+    if think_time_s is None:
+        think = pa.nulls(n, pa.float64())
+    else:
+        think_np = np.asarray(think_time_s, dtype=np.float64)
+        think = pa.array(think_np, mask=np.isnan(think_np), type=pa.float64())
+    kinds = pc.take(pa.array(SEGMENT_KINDS, pa.string()), pa.array(seg_kinds, pa.uint8()))
+    values = pa.StructArray.from_arrays(
+        [pa.array(seg_hashes, pa.uint64()), pa.array(seg_tokens, pa.int32()), kinds],
+        fields=list(SEGMENT_TYPE),
+    )
+    segments = pa.ListArray.from_arrays(pa.array(seg_offsets, pa.int32()), values)
+    columns = [
+        pa.array(request_id, pa.int64()),
+        pa.array(session_id, pa.int64()),
+        pa.array(turn, pa.int32()),
+        pa.array(arrival_s, pa.float64()),
+        think,
+        pa.array(input_tokens, pa.int32()),
+        pa.array(output_tokens, pa.int32()),
+        segments.cast(pa.list_(SEGMENT_TYPE)),
+        pa.array(output_hash, pa.uint64()),
+    ]
+    schema = TRACE_SCHEMA.with_metadata(_metadata(name, native_block_size, description))
+    table = pa.Table.from_arrays(columns, schema=schema)
+    order = np.lexsort((np.asarray(request_id), np.asarray(arrival_s)))
+    if not np.array_equal(order, np.arange(n)):
+        table = table.take(pa.array(order))
+    return table
+
+
+def segment_columns(table: pa.Table) -> SegmentColumns:
+    """Flatten the segments column into numpy arrays (what the engine's hot path wants)."""
+    lists = table.column("segments").combine_chunks()
+    if isinstance(lists, pa.ChunkedArray):  # zero chunks
+        lists = pa.array([], pa.list_(SEGMENT_TYPE))
+    offsets = lists.offsets.to_numpy().astype(np.int64)
+    flat = lists.flatten()
+    offsets = offsets - offsets[0]
+    kinds = pc.index_in(flat.field("kind"), value_set=pa.array(SEGMENT_KINDS))
+    return SegmentColumns(
+        offsets=offsets,
+        hashes=flat.field("hash").to_numpy(zero_copy_only=False).astype(np.uint64),
+        tokens=flat.field("tokens").to_numpy(zero_copy_only=False).astype(np.int64),
+        kinds=kinds.fill_null(255).to_numpy(zero_copy_only=False).astype(np.uint8),
+    )
+
+
+def _fail(source: str, row: int, field: str, message: str) -> None:
+    raise TraceError(f"{source}: row {row}: field {field!r}: {message}")
+
+
+def _np(table: pa.Table, name: str) -> np.ndarray:
+    return table.column(name).to_numpy()
+
+
+def validate_trace(table: pa.Table, source: str) -> None:
+    """Check a table against the canonical schema and invariants; TraceError names row and field."""
+    names = table.schema.names
+    for field in TRACE_SCHEMA:
+        if field.name not in names:
+            raise TraceError(f"{source}: field {field.name!r}: missing column")
+        actual = table.schema.field(field.name).type
+        if not actual.equals(field.type):
+            raise TraceError(
+                f"{source}: field {field.name!r}: expected type {field.type}, got {actual}"
+            )
+        column = table.column(field.name)
+        if not field.nullable and column.null_count:
+            row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+            _fail(source, row, field.name, "is null")
+    if table.num_rows == 0:
+        return
+
+    def check(bad: np.ndarray, field: str, message: str, values: np.ndarray) -> None:
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            _fail(source, row, field, f"{message}, got {values[row]!r}")
+
+    request_id = _np(table, "request_id")
+    arrival = _np(table, "arrival_s")
+    turn = _np(table, "turn")
+    session = _np(table, "session_id")
+    input_tokens = _np(table, "input_tokens")
+    output_tokens = _np(table, "output_tokens")
+    think = table.column("think_time_s").to_numpy(zero_copy_only=False)
+
+    check(~np.isfinite(arrival) | (arrival < 0), "arrival_s", "expected finite >= 0", arrival)
+    check(~np.isnan(think) & ~(think >= 0), "think_time_s", "expected finite >= 0", think)
+    check(np.isinf(think), "think_time_s", "expected finite >= 0", think)
+    check(turn < 0, "turn", "expected >= 0", turn)
+    check(input_tokens < 0, "input_tokens", "expected >= 0", input_tokens)
+    check(output_tokens < 1, "output_tokens", "expected >= 1", output_tokens)
+    later = (arrival[1:] < arrival[:-1]) | (
+        (arrival[1:] == arrival[:-1]) & (request_id[1:] <= request_id[:-1])
+    )
+    check(
+        np.concatenate(([False], later)),
+        "arrival_s",
+        "rows not sorted by (arrival_s, request_id) or request_id repeated",
+        arrival,
+    )
+    uniq, first = np.unique(request_id, return_index=True)
+    if uniq.size != request_id.size:
+        dup = np.ones(request_id.size, bool)
+        dup[first] = False
+        check(dup, "request_id", "expected unique", request_id)
+
+    # Within each session, turns appear in table order as 0, 1, 2, ... (no turn without its past).
+    order = np.lexsort((np.arange(session.size), session))
+    s_sorted = session[order]
+    starts = np.concatenate(([True], s_sorted[1:] != s_sorted[:-1]))
+    group_start = np.maximum.accumulate(np.where(starts, np.arange(order.size), 0))
+    expected = np.empty_like(order)
+    expected[order] = np.arange(order.size) - group_start
+    check(turn != expected, "turn", "expected the turns of a session in order from 0", turn)
+
+    seg = segment_columns(table)
+    row_of_seg = np.repeat(np.arange(table.num_rows), np.diff(seg.offsets))
+    bad_tok = seg.tokens < 1
+    if bad_tok.any():
+        i = int(np.flatnonzero(bad_tok)[0])
+        _fail(
+            source,
+            int(row_of_seg[i]),
+            "segments",
+            f"segment tokens must be >= 1, got {int(seg.tokens[i])}",
+        )
+    bad_kind = seg.kinds == 255
+    if bad_kind.any():
+        i = int(np.flatnonzero(bad_kind)[0])
+        kind = table.column("segments").combine_chunks().flatten().field("kind")[i].as_py()
+        _fail(
+            source,
+            int(row_of_seg[i]),
+            "segments",
+            f"kind must be one of {', '.join(SEGMENT_KINDS)}, got {kind!r}",
+        )
+    sums = np.add.reduceat(seg.tokens, seg.offsets[:-1]) if seg.tokens.size else None
+    totals = np.zeros(table.num_rows, dtype=np.int64)
+    nonempty = np.diff(seg.offsets) > 0
+    if sums is not None:
+        totals[nonempty] = sums[nonempty]
+    check(
+        totals != input_tokens,
+        "input_tokens",
+        "expected the sum of segment tokens (mismatch)",
+        input_tokens,
+    )
+
+
+def write_trace(trace: Trace | pa.Table, path: str | Path) -> None:
+    """Write a canonical trace to Parquet, metadata included."""
+    table = trace.table if isinstance(trace, Trace) else trace
+    pq.write_table(table, Path(path))
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read and validate a canonical trace written by `write_trace`."""
+    path = Path(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise TraceError(f"{path}: cannot read as Parquet: {exc}") from None
+    validate_trace(table, str(path))
+    # Parquet renames the list item field ("item" -> "element"); restore the canonical schema.
+    table = table.cast(TRACE_SCHEMA.with_metadata(table.schema.metadata))
+    return Trace.from_table(table, str(path))

@@ -1,0 +1,172 @@
+"""Block hash chains: the definition, the prefix property, and the vectorised paths."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsim.traces.blocks import (
+    CHAIN_SEED,
+    _mix_int,
+    batch_block_hashes,
+    block_hashes,
+    block_kinds,
+    mix,
+    sequence_block_hashes,
+)
+
+U64 = st.integers(min_value=1, max_value=2**64 - 1)
+SEGMENT = st.tuples(U64, st.integers(min_value=1, max_value=300))
+SEGMENTS = st.lists(SEGMENT, max_size=8)
+
+
+def arrays(segments: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    hashes = np.array([h for h, _ in segments], dtype=np.uint64)
+    tokens = np.array([n for _, n in segments], dtype=np.int64)
+    return hashes, tokens
+
+
+def reference_block_hashes(segments: list[tuple[int, int]], block_size: int) -> list[int]:
+    """The definition, token by token in plain Python ints: slow but obviously right."""
+    chain, start, out = CHAIN_SEED, 0, []
+    for h, n in segments:
+        for e in range(start + 1, start + n + 1):
+            if e % block_size == 0:
+                out.append(_mix_int(chain, h, e - start))
+        chain = _mix_int(chain, h, n)
+        start += n
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(SEGMENTS, st.integers(min_value=1, max_value=64))
+def test_matches_reference_definition(segments, block_size):
+    got = block_hashes(*arrays(segments), block_size)
+    assert got.dtype == np.uint64
+    assert got.tolist() == reference_block_hashes(segments, block_size)
+
+
+@settings(max_examples=200, deadline=None)
+@given(SEGMENTS, SEGMENTS, SEGMENTS, U64, U64, st.integers(min_value=1, max_value=64))
+def test_prefix_property(shared, tail_a, tail_b, first_a, first_b, block_size):
+    """Two prompts share exactly the blocks that end inside their shared segments."""
+    if first_a == first_b:
+        first_b ^= 1
+    a = [*shared, (first_a, 7), *tail_a]
+    b = [*shared, (first_b, 7), *tail_b]
+    ha = block_hashes(*arrays(a), block_size)
+    hb = block_hashes(*arrays(b), block_size)
+    shared_tokens = sum(n for _, n in shared)
+    inside = shared_tokens // block_size
+    assert ha[:inside].tolist() == hb[:inside].tolist()
+    # Every later block of one prompt is absent from the other (distinct prefixes, distinct hashes).
+    assert not set(ha[inside:].tolist()) & set(hb.tolist())
+
+
+@settings(max_examples=100, deadline=None)
+@given(SEGMENTS, st.integers(min_value=1, max_value=32), st.integers(min_value=2, max_value=5))
+def test_content_independent_of_block_size(segments, block_size, factor):
+    """A block ending at token e has one hash whatever the block size."""
+    hashes, tokens = arrays(segments)
+    small = block_hashes(hashes, tokens, block_size)
+    large = block_hashes(hashes, tokens, block_size * factor)
+    assert large.tolist() == small[factor - 1 :: factor].tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(SEGMENTS, st.integers(min_value=1, max_value=100))
+def test_count_and_nonzero(segments, block_size):
+    hashes, tokens = arrays(segments)
+    got = block_hashes(hashes, tokens, block_size)
+    assert got.size == int(tokens.sum()) // block_size
+    assert (got != 0).all()
+
+
+def test_block_at_segment_end_is_chain_value():
+    # A prompt [A] whose length is a multiple of the block size ends on S_1 = mix(seed, A, n).
+    got = block_hashes(np.array([42], np.uint64), np.array([32]), 16)
+    assert int(got[-1]) == _mix_int(CHAIN_SEED, 42, 32)
+
+
+def test_deterministic_and_pinned():
+    """Pinned values: a change to mix() would silently change every stored cache key."""
+    hashes = np.array([1, 2**64 - 1, 12345], dtype=np.uint64)
+    tokens = np.array([10, 20, 5], dtype=np.int64)
+    first = block_hashes(hashes, tokens, 8)
+    assert first.tolist() == block_hashes(hashes.copy(), tokens.copy(), 8).tolist()
+    assert first.tolist() == reference_block_hashes([(1, 10), (2**64 - 1, 20), (12345, 5)], 8)
+    assert [hex(h) for h in first.tolist()] == [
+        "0x417bc847d61d8043",
+        "0xce668d6e9a42fcd",
+        "0x454fab91f4ebe543",
+        "0xfbedb53c23d86583",
+    ]
+    assert int(mix(np.uint64(1), np.uint64(2), np.uint64(3))[0]) == _mix_int(1, 2, 3)
+    assert _mix_int(1, 2, 3) != _mix_int(2, 1, 3)
+
+
+def test_empty_and_short_prompts():
+    assert block_hashes(np.array([], np.uint64), np.array([], np.int64), 16).size == 0
+    assert block_hashes(np.array([5], np.uint64), np.array([15]), 16).size == 0
+    with pytest.raises(ValueError):
+        block_hashes(np.array([5], np.uint64), np.array([0]), 16)
+    with pytest.raises(ValueError):
+        block_hashes(np.array([5], np.uint64), np.array([16]), 0)
+
+
+def test_no_overflow_warnings():
+    rng = np.random.default_rng(1)
+    hashes = rng.integers(1, 2**64 - 1, 50, dtype=np.uint64, endpoint=True)
+    tokens = rng.integers(1, 700, 50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        block_hashes(hashes, tokens, 16)
+        mix(hashes, hashes, tokens.astype(np.uint64))
+        batch_block_hashes(np.array([0, 20, 50]), hashes, tokens, 16)
+
+
+def test_block_kinds_is_kind_of_last_token():
+    kinds = block_kinds(np.array([0, 1, 2], np.uint8), np.array([10, 6, 20]), 8)
+    # Block ends 8, 16, 24, 32 fall in segments 0, 1, 2, 2.
+    assert kinds.tolist() == [0, 1, 2, 2]
+
+
+def test_sequence_hashes_are_next_turn_prefix():
+    """The cached prompt+reply blocks are exactly the next turn's leading blocks."""
+    prompt_h, prompt_n = np.array([11, 22], np.uint64), np.array([100, 37])
+    reply_h, reply_n = 99, 250
+    cached = sequence_block_hashes(prompt_h, prompt_n, reply_h, reply_n, 16)
+    assert cached.size == (137 + 250) // 16
+    next_turn = block_hashes(np.array([11, 22, reply_h, 33], np.uint64), [100, 37, 250, 40], 16)
+    assert next_turn[: cached.size].tolist() == cached.tolist()
+    # A reply that is not content-addressed adds nothing that can be found again.
+    plain = sequence_block_hashes(prompt_h, prompt_n, 0, reply_n, 16)
+    assert plain.tolist() == block_hashes(prompt_h, prompt_n, 16).tolist()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(SEGMENTS, min_size=1, max_size=6), st.integers(min_value=1, max_value=40))
+def test_batch_equals_per_row(rows, block_size):
+    offsets = np.cumsum([0] + [len(r) for r in rows])
+    hashes, tokens = arrays([s for r in rows for s in r])
+    block_offsets, got = batch_block_hashes(offsets, hashes, tokens, block_size)
+    for i, row in enumerate(rows):
+        expect = block_hashes(*arrays(row), block_size).tolist()
+        assert got[block_offsets[i] : block_offsets[i + 1]].tolist() == expect
+
+
+def test_speed_report():
+    """A 128k-token prompt of 64 segments at block size 16: reports the time, asserts none."""
+    rng = np.random.default_rng(0)
+    hashes = rng.integers(1, 2**63, 64, dtype=np.uint64)
+    tokens = np.full(64, 2048)
+    t0 = time.perf_counter()
+    got = block_hashes(hashes, tokens, 16)
+    elapsed_ms = (time.perf_counter() - t0) * 1e3
+    assert got.size == 64 * 2048 // 16
+    print(f"block_hashes: {got.size} blocks in {elapsed_ms:.2f} ms")
