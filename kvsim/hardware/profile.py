@@ -1,0 +1,139 @@
+"""What a node offers the simulator: its GPU, how well software uses it, and its KV-cache tiers.
+
+Everything is in plain SI numbers (bytes, bytes per second, seconds, US dollars) so the engine and
+cost model never parse units; the TOML files and kvsim.hardware.validate do that once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from kvsim.errors import ConfigError, UnknownNameError
+from kvsim.units import parse_size
+
+TIER_NAMES: tuple[str, ...] = ("hbm", "dram", "cxl", "nvme", "rdma", "pfs")
+"""Every tier kvsim knows, fastest first; a profile lists a subset in this order."""
+
+BandwidthScope = Literal["per_gpu", "per_node"]
+NvmePath = Literal["gds", "bounce"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """One GPU's peaks, the inputs of the roofline cost model."""
+
+    name: str
+    hbm_bytes: int
+    hbm_bandwidth_bytes_per_s: float
+    peak_flops_per_s: dict[str, float]  # dense, by dtype: "bf16", "fp8"
+    interconnect_bandwidth_bytes_per_s: float  # scale-up link (NVLink/IF), per GPU, per direction
+    host_link_bandwidth_bytes_per_s: float  # PCIe or C2C to the host, per GPU, per direction
+
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    """How far real kernels fall short of the peaks, so the roofline predicts achieved speed."""
+
+    compute: float  # achieved / peak FLOP/s
+    memory: float  # achieved / peak HBM bandwidth
+    iteration_overhead_s: float  # scheduling and kernel launch per engine iteration
+
+
+@dataclass(frozen=True, slots=True)
+class TierSpec:
+    """One level of the KV-cache hierarchy, seen from the GPUs of one node.
+
+    Bandwidths are those of the path between the tier and HBM (read: into HBM, write: out of it).
+    For a shared tier (``shared_by_nodes > 1``) ``capacity_bytes`` is the whole pool, which that
+    many nodes contend for.
+    """
+
+    name: str
+    capacity_bytes: int
+    read_bandwidth_bytes_per_s: float
+    write_bandwidth_bytes_per_s: float
+    bandwidth_scope: BandwidthScope
+    latency_s: float
+    usd_per_gb_hour: float
+    shared_by_nodes: int
+    enabled: bool
+    path: NvmePath | None  # nvme only: GPUDirect Storage or a bounce through host DRAM
+    faster_than_above_note: str | None = None
+
+    def node_read_bandwidth_bytes_per_s(self, gpus_per_node: int) -> float:
+        """Read bandwidth for the whole node, so tiers of either scope compare."""
+        scale = gpus_per_node if self.bandwidth_scope == "per_gpu" else 1
+        return self.read_bandwidth_bytes_per_s * scale
+
+    def node_write_bandwidth_bytes_per_s(self, gpus_per_node: int) -> float:
+        """Write bandwidth for the whole node."""
+        scale = gpus_per_node if self.bandwidth_scope == "per_gpu" else 1
+        return self.write_bandwidth_bytes_per_s * scale
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareProfile:
+    """One node type: GPUs, efficiencies, prices and tiers, with the source of every number."""
+
+    name: str
+    description: str
+    gpu: GpuSpec
+    gpus_per_node: int
+    gpu_usd_per_hour: float
+    gpu_memory_utilization: float  # share of HBM the serving engine may use (weights + KV)
+    efficiency: Efficiency
+    tiers: tuple[TierSpec, ...]  # fastest first
+    sources: dict[str, str]  # field path ("tiers.dram.read_bandwidth") -> where the number is from
+    source_path: Path | None
+    measured: dict[str, Any] = field(default_factory=dict)  # calibration tables, kept as read
+
+    def tier(self, name: str) -> TierSpec:
+        """The tier called ``name``, enabled or not."""
+        for tier in self.tiers:
+            if tier.name == name:
+                return tier
+        raise UnknownNameError("tier", name, [t.name for t in self.tiers])
+
+    @property
+    def enabled_tiers(self) -> tuple[TierSpec, ...]:
+        """The tiers a run uses, fastest first."""
+        return tuple(t for t in self.tiers if t.enabled)
+
+    @property
+    def node_usd_per_hour(self) -> float:
+        """What the node's GPUs cost per hour (tier costs come on top, by GB-hour)."""
+        return self.gpu_usd_per_hour * self.gpus_per_node
+
+
+def with_overrides(
+    profile: HardwareProfile,
+    tiers: list[str] | None = None,
+    capacities: dict[str, str] | None = None,
+) -> HardwareProfile:
+    """A copy with exactly ``tiers`` enabled (hbm always is) and some capacities replaced.
+
+    ``capacities`` maps tier names to sizes such as ``{"dram": "1TiB"}``; the sources record the
+    override so a resolved config still says where each number came from.
+    """
+    known = [t.name for t in profile.tiers]
+    for name in [*(tiers or []), *(capacities or {})]:
+        if name not in known:
+            raise UnknownNameError("tier", name, known)
+    sources = dict(profile.sources)
+    new_tiers = []
+    for tier in profile.tiers:
+        changes: dict[str, Any] = {}
+        if tiers is not None:
+            changes["enabled"] = tier.name == "hbm" or tier.name in tiers
+        if capacities and tier.name in capacities:
+            text = capacities[tier.name]
+            size = parse_size(text, f"capacity override {tier.name}={text}")
+            if size <= 0:
+                raise ConfigError(f"capacity override {tier.name}={text}: expected a positive size")
+            changes["capacity_bytes"] = size
+            sources[f"tiers.{tier.name}.capacity"] = f"override: {tier.name}={text}"
+        new_tiers.append(dataclasses.replace(tier, **changes) if changes else tier)
+    return dataclasses.replace(profile, tiers=tuple(new_tiers), sources=sources)

@@ -1,0 +1,345 @@
+"""Read a profile TOML into a HardwareProfile, or say in one line what is wrong and where.
+
+Every error names the file and the dotted field (``tiers.nvme.read_bandwidth``) so a user can fix
+it without reading kvsim's code; every number must say where it came from in ``[sources]``.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, NoReturn
+
+from kvsim.errors import ConfigError
+from kvsim.hardware.durations import parse_duration
+from kvsim.hardware.profile import TIER_NAMES, Efficiency, GpuSpec, HardwareProfile, TierSpec
+from kvsim.units import parse_rate, parse_size
+
+_TOP_FIELDS = {
+    "name",
+    "description",
+    "gpus_per_node",
+    "gpu_usd_per_hour",
+    "gpu_memory_utilization",
+    "gpu",
+    "efficiency",
+    "tiers",
+    "sources",
+    "measured",
+}
+_GPU_FIELDS = {
+    "name",
+    "hbm",
+    "hbm_bandwidth",
+    "flops",
+    "interconnect_bandwidth",
+    "host_link_bandwidth",
+}
+_EFFICIENCY_FIELDS = {"compute", "memory", "iteration_overhead_s"}
+_TIER_FIELDS = {
+    "name",
+    "capacity",
+    "read_bandwidth",
+    "write_bandwidth",
+    "bandwidth_scope",
+    "latency",
+    "usd_per_gb_hour",
+    "shared_by_nodes",
+    "enabled",
+    "path",
+    "faster_than_above_note",
+}
+_SOURCE_PREFIX = re.compile(r"^(S\d+\b|assumption:|measured:|override:)")
+_HAS_UNIT = re.compile(r"[A-Za-z]\s*$")
+
+
+def display_path(path: Path) -> str:
+    """The path as a user would type it: relative to the working directory when inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+class _Reader:
+    """Checks fields one by one, remembering which numeric fields need a source."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = display_path(path)
+        self.numeric_fields: list[str] = []
+
+    def fail(self, field: str, message: str) -> NoReturn:
+        raise ConfigError(f"{self.file}: {field}: {message}")
+
+    def table(self, data: dict[str, Any], key: str, field: str) -> dict[str, Any]:
+        value = self.required(data, key, field)
+        if not isinstance(value, dict):
+            self.fail(field, f"expected a table, got {value!r}")
+        return value
+
+    def required(self, data: dict[str, Any], key: str, field: str) -> Any:
+        if key not in data:
+            self.fail(field, "missing required field")
+        return data[key]
+
+    def no_unknown(self, data: dict[str, Any], allowed: set[str], prefix: str) -> None:
+        for key in data:
+            if key not in allowed:
+                self.fail(f"{prefix}{key}", f"unknown field; expected one of {sorted(allowed)}")
+
+    def text(self, data: dict[str, Any], key: str, field: str) -> str:
+        value = self.required(data, key, field)
+        if not isinstance(value, str) or not value.strip():
+            self.fail(field, f"expected a non-empty string, got {value!r}")
+        return value
+
+    def number(self, data: dict[str, Any], key: str, field: str, low: float = 0.0) -> float:
+        """A plain number >= ``low``."""
+        value = self.required(data, key, field)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
+            self.fail(field, f"expected a number >= {low:g}, got {value!r}")
+        self.numeric_fields.append(field)
+        return float(value)
+
+    def fraction(self, data: dict[str, Any], key: str, field: str) -> float:
+        """A share in (0, 1]."""
+        value = self.required(data, key, field)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+            self.fail(field, f"expected a number in (0, 1], got {value!r}")
+        self.numeric_fields.append(field)
+        return float(value)
+
+    def count(self, data: dict[str, Any], key: str, field: str) -> int:
+        """A positive integer."""
+        value = self.required(data, key, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            self.fail(field, f"expected a positive integer, got {value!r}")
+        self.numeric_fields.append(field)
+        return value
+
+    def size(self, data: dict[str, Any], key: str, field: str) -> int:
+        """A positive size written with its unit, e.g. '2TB'."""
+        value = self.required(data, key, field)
+        expected = f"expected a positive size with a unit such as '2TB' or '80GiB', got {value!r}"
+        if not isinstance(value, str) or not _HAS_UNIT.search(value):
+            self.fail(field, expected)
+        try:
+            size = parse_size(value, field)
+        except ConfigError:
+            self.fail(field, expected)
+        if size <= 0:
+            self.fail(field, expected)
+        self.numeric_fields.append(field)
+        return size
+
+    def rate(self, data: dict[str, Any], key: str, field: str) -> float:
+        """A positive bandwidth written with its unit, e.g. '12GB/s'."""
+        value = self.required(data, key, field)
+        expected = f"expected a positive bandwidth such as '12GB/s', got {value!r}"
+        if not isinstance(value, str) or not value.strip().endswith("/s"):
+            self.fail(field, expected)
+        if not _HAS_UNIT.search(value.strip().removesuffix("/s")):
+            self.fail(field, expected)
+        try:
+            rate = parse_rate(value, field)
+        except ConfigError:
+            self.fail(field, expected)
+        if rate <= 0:
+            self.fail(field, expected)
+        self.numeric_fields.append(field)
+        return rate
+
+    def duration(self, data: dict[str, Any], key: str, field: str) -> float:
+        """A non-negative duration written with its unit, e.g. '3us'."""
+        value = self.required(data, key, field)
+        expected = f"expected a duration with a unit such as '3us' or '0.1ms', got {value!r}"
+        if not isinstance(value, str):
+            self.fail(field, expected)
+        try:
+            seconds = parse_duration(value, field)
+        except ConfigError:
+            self.fail(field, expected)
+        self.numeric_fields.append(field)
+        return seconds
+
+
+def _read_toml(path: Path, reader: _Reader) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{reader.file}: no such profile file") from None
+    except tomllib.TOMLDecodeError as exc:  # the message carries "(at line N, column M)"
+        raise ConfigError(f"{reader.file}: invalid TOML: {exc}") from None
+
+
+def _gpu(r: _Reader, data: dict[str, Any]) -> GpuSpec:
+    gpu = r.table(data, "gpu", "gpu")
+    r.no_unknown(gpu, _GPU_FIELDS, "gpu.")
+    flops_table = r.table(gpu, "flops", "gpu.flops")
+    if not flops_table:
+        r.fail("gpu.flops", "expected at least one dtype, e.g. bf16 = 989.4e12")
+    flops = {}
+    for dtype in flops_table:
+        field = f"gpu.flops.{dtype}"
+        flops[dtype] = r.number(flops_table, dtype, field)
+        if flops[dtype] <= 0:
+            r.fail(
+                field, f"expected a positive FLOP/s such as 989.4e12, got {flops_table[dtype]!r}"
+            )
+    return GpuSpec(
+        name=r.text(gpu, "name", "gpu.name"),
+        hbm_bytes=r.size(gpu, "hbm", "gpu.hbm"),
+        hbm_bandwidth_bytes_per_s=r.rate(gpu, "hbm_bandwidth", "gpu.hbm_bandwidth"),
+        peak_flops_per_s=flops,
+        interconnect_bandwidth_bytes_per_s=r.rate(
+            gpu, "interconnect_bandwidth", "gpu.interconnect_bandwidth"
+        ),
+        host_link_bandwidth_bytes_per_s=r.rate(
+            gpu, "host_link_bandwidth", "gpu.host_link_bandwidth"
+        ),
+    )
+
+
+def _efficiency(r: _Reader, data: dict[str, Any]) -> Efficiency:
+    eff = r.table(data, "efficiency", "efficiency")
+    r.no_unknown(eff, _EFFICIENCY_FIELDS, "efficiency.")
+    return Efficiency(
+        compute=r.fraction(eff, "compute", "efficiency.compute"),
+        memory=r.fraction(eff, "memory", "efficiency.memory"),
+        iteration_overhead_s=r.number(
+            eff, "iteration_overhead_s", "efficiency.iteration_overhead_s"
+        ),
+    )
+
+
+def _tier(r: _Reader, index: int, raw: Any) -> TierSpec:
+    if not isinstance(raw, dict):
+        r.fail(f"tiers[{index}]", f"expected a [[tiers]] table, got {raw!r}")
+    name = r.text(raw, "name", f"tiers[{index}].name")
+    if name not in TIER_NAMES:
+        r.fail(f"tiers[{index}].name", f"expected one of {list(TIER_NAMES)}, got {name!r}")
+    p = f"tiers.{name}."
+    r.no_unknown(raw, _TIER_FIELDS, p)
+    scope = r.text(raw, "bandwidth_scope", p + "bandwidth_scope")
+    if scope not in ("per_gpu", "per_node"):
+        r.fail(p + "bandwidth_scope", f"expected 'per_gpu' or 'per_node', got {scope!r}")
+    enabled = r.required(raw, "enabled", p + "enabled")
+    if not isinstance(enabled, bool):
+        r.fail(p + "enabled", f"expected true or false, got {enabled!r}")
+    path = raw.get("path")
+    if name == "nvme" and path not in ("gds", "bounce"):
+        r.fail(p + "path", f"expected 'gds' or 'bounce', got {path!r}")
+    if name != "nvme" and path is not None:
+        r.fail(p + "path", "only the nvme tier has a path ('gds' or 'bounce')")
+    shared = (
+        r.count(raw, "shared_by_nodes", p + "shared_by_nodes") if "shared_by_nodes" in raw else 1
+    )
+    note = raw.get("faster_than_above_note")
+    if note is not None and (not isinstance(note, str) or not note.strip()):
+        r.fail(p + "faster_than_above_note", f"expected a non-empty string, got {note!r}")
+    return TierSpec(
+        name=name,
+        capacity_bytes=r.size(raw, "capacity", p + "capacity"),
+        read_bandwidth_bytes_per_s=r.rate(raw, "read_bandwidth", p + "read_bandwidth"),
+        write_bandwidth_bytes_per_s=r.rate(raw, "write_bandwidth", p + "write_bandwidth"),
+        bandwidth_scope=scope,  # type: ignore[arg-type]  # checked above
+        latency_s=r.duration(raw, "latency", p + "latency"),
+        usd_per_gb_hour=r.number(raw, "usd_per_gb_hour", p + "usd_per_gb_hour"),
+        shared_by_nodes=shared,
+        enabled=enabled,
+        path=path,
+        faster_than_above_note=note,
+    )
+
+
+def _tiers(r: _Reader, data: dict[str, Any], gpu: GpuSpec, gpus: int) -> tuple[TierSpec, ...]:
+    raw = r.required(data, "tiers", "tiers")
+    if not isinstance(raw, list) or not raw:
+        r.fail("tiers", "expected one or more [[tiers]] tables, fastest first")
+    tiers: list[TierSpec] = []
+    for index, item in enumerate(raw):
+        tier = _tier(r, index, item)
+        field = f"tiers.{tier.name}"
+        if any(t.name == tier.name for t in tiers):
+            r.fail(field, "duplicate tier; each tier appears once")
+        if tiers and TIER_NAMES.index(tier.name) < TIER_NAMES.index(tiers[-1].name):
+            order = " > ".join(TIER_NAMES)
+            r.fail(
+                field,
+                f"tiers out of order: expected fastest first ({order}), "
+                f"but {tier.name!r} comes after {tiers[-1].name!r}",
+            )
+        if tiers and tier.faster_than_above_note is None:
+            above = tiers[-1]
+            if tier.node_read_bandwidth_bytes_per_s(gpus) > above.node_read_bandwidth_bytes_per_s(
+                gpus
+            ):
+                r.fail(
+                    f"{field}.read_bandwidth",
+                    f"faster than the tier above ({above.name!r}) "
+                    "per node; add faster_than_above_note saying why it sits lower",
+                )
+        tiers.append(tier)
+    if tiers[0].name != "hbm":
+        r.fail("tiers", f"expected the first tier to be 'hbm', got {tiers[0].name!r}")
+    if tiers[0].capacity_bytes != gpus * gpu.hbm_bytes:
+        r.fail(
+            "tiers.hbm.capacity",
+            f"expected gpus_per_node × gpu.hbm = {gpus * gpu.hbm_bytes} "
+            f"bytes, got {tiers[0].capacity_bytes}",
+        )
+    if not tiers[0].enabled:
+        r.fail("tiers.hbm.enabled", "the hbm tier is always enabled")
+    return tuple(tiers)
+
+
+def _sources(r: _Reader, data: dict[str, Any]) -> dict[str, str]:
+    sources = r.table(data, "sources", "sources")
+    for key, text in sources.items():
+        if not isinstance(text, str) or not _SOURCE_PREFIX.match(text):
+            r.fail(
+                f"sources.{key}",
+                "expected text starting with a source id such as 'S1' "
+                f"or with 'assumption:', got {text!r}",
+            )
+        if key not in r.numeric_fields:
+            r.fail(f"sources.{key}", "no such numeric field in this profile")
+    for field in r.numeric_fields:
+        if field not in sources:
+            r.fail(field, f'no entry in [sources]; add "{field}" = "S<n> ..." or "assumption: ..."')
+    return dict(sources)
+
+
+def validate_profile(path: str | Path) -> HardwareProfile:
+    """The profile in ``path``, or ConfigError naming the file and the first bad field."""
+    path = Path(path)
+    r = _Reader(path)
+    data = _read_toml(path, r)
+    r.no_unknown(data, _TOP_FIELDS, "")
+    name = r.text(data, "name", "name")
+    description = r.text(data, "description", "description")
+    gpus = r.count(data, "gpus_per_node", "gpus_per_node")
+    usd = r.number(data, "gpu_usd_per_hour", "gpu_usd_per_hour")
+    utilization = r.fraction(data, "gpu_memory_utilization", "gpu_memory_utilization")
+    gpu = _gpu(r, data)
+    efficiency = _efficiency(r, data)
+    tiers = _tiers(r, data, gpu, gpus)
+    sources = _sources(r, data)
+    measured = data.get("measured", {})
+    if not isinstance(measured, dict):
+        r.fail("measured", f"expected a table, got {measured!r}")
+    return HardwareProfile(
+        name=name,
+        description=description,
+        gpu=gpu,
+        gpus_per_node=gpus,
+        gpu_usd_per_hour=usd,
+        gpu_memory_utilization=utilization,
+        efficiency=efficiency,
+        tiers=tiers,
+        sources=sources,
+        source_path=path,
+        measured=measured,
+    )
