@@ -34,7 +34,7 @@ def parse_size(value: str | int | float, field: str = "size") -> int:
         number, unit = float(match.group(1)), match.group(2).lower()
     if number < 0:
         raise ConfigError(f"{field}: size must not be negative, got {value!r}")
-    return int(round(number * _UNITS[unit]))
+    return round(number * _UNITS[unit])
 
 
 def parse_rate(value: str | int | float, field: str = "bandwidth") -> float:

@@ -11,13 +11,19 @@ counters (STYLE habit 2). Keys are 64-bit block hashes. The tier calls:
 - ``victim()``          which evictable block to evict next; choosing does not evict (habit 3).
 
 ``add`` is always followed, before the next ``add`` of the same key, by ``discard``.
+
+Two batch hooks exist for the hot path (vLLM's block pool has the same: ``append_n`` /
+``popleft_n``): ``add_many`` (a request's blocks released together, deepest first) and ``evict``
+(choose and drop several victims). Their defaults call the single-block hooks; a policy overrides
+them only to go faster, never to behave differently.
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 @dataclass(slots=True)
@@ -28,7 +34,10 @@ class BlockInfo:
     request's prefix chain (0 = first block), ``parent`` the hash of the block before it (0 for the
     first), ``kind`` the segment kind of the block's last token (e.g. 'system', 'user', 'assistant',
     'tool', 'document'), ``size_bytes`` its bytes in this tier, ``recompute_s`` the estimated time to
-    recompute it at its position.
+    recompute it at its position (0: unknown, policies fall back to a position-based proxy).
+    ``next_use`` is when the block is next accessed (same clock as ``now_s``, or an access index;
+    ``inf`` = never), filled only for policies with ``needs_future``. ``request_tokens`` is the
+    prompt length of the request that touched the block (0: unknown).
     """
 
     now_s: float = 0.0
@@ -37,6 +46,8 @@ class BlockInfo:
     kind: str = ""
     size_bytes: int = 1
     recompute_s: float = 0.0
+    next_use: float = math.inf
+    request_tokens: int = 0
 
 
 class EvictionPolicy(ABC):
@@ -45,6 +56,16 @@ class EvictionPolicy(ABC):
     name: ClassVar[str] = ""
     respects_prefix: ClassVar[bool] = False
     """True when victims are always leaves of the prefix tree by construction."""
+    needs_future: ClassVar[bool] = False
+    """True when the tier must fill ``BlockInfo.next_use`` (offline oracles)."""
+    Params: ClassVar[type[Any] | None] = None
+    """A dataclass of tunables with documented defaults; ``__init__`` then takes ``params``."""
+
+    def set_capacity(self, blocks: int) -> None:  # noqa: B027 - optional hook
+        """The tier holds ``blocks`` blocks; queue-partitioning policies size themselves here."""
+
+    def miss(self, key: int, info: BlockInfo) -> None:  # noqa: B027 - optional hook
+        """A lookup of ``key`` missed; it will be added after room is made for it."""
 
     @abstractmethod
     def add(self, key: int, info: BlockInfo) -> None: ...
@@ -55,6 +76,26 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def victim(self) -> int:
         """The next block to evict; raises LookupError when nothing is evictable."""
+
+    def add_many(
+        self, keys: list[int], positions: list[int], parents: list[int], info: BlockInfo
+    ) -> None:
+        """Several blocks became evictable, in this order; ``positions[i]`` and ``parents[i]``
+        describe ``keys[i]`` (the shared ``info`` carries the rest, e.g. ``now_s``)."""
+        for key, position, parent in zip(keys, positions, parents, strict=True):
+            info.position = position
+            info.parent = parent
+            self.add(key, info)
+
+    def evict(self, count: int) -> list[int]:
+        """Choose and remove ``count`` victims, in order (each: victim, discard, forget)."""
+        victims = []
+        for _ in range(count):
+            key = self.victim()
+            self.discard(key)
+            self.forget(key)
+            victims.append(key)
+        return victims
 
     def access(self, key: int, info: BlockInfo) -> None:  # noqa: B027 - optional hook
         """A hit on ``key``; recency- and frequency-based policies override this."""

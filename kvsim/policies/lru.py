@@ -8,6 +8,8 @@ tree by construction; the engine never counts a hit past a missing parent.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from kvsim.policies.base import BlockInfo, EvictionPolicy
 
 
@@ -15,19 +17,30 @@ class LRU(EvictionPolicy):
     name = "lru"
 
     def __init__(self) -> None:
-        # dicts keep insertion order; popping and re-inserting moves a key to the MRU end in O(1)
-        self._order: dict[int, None] = {}
+        # An OrderedDict, not a dict: a plain dict's first key is found by skipping the holes that
+        # deletions from the front leave, which degrades `victim` towards O(n) on long runs.
+        self._order: OrderedDict[int, None] = OrderedDict()
 
     def add(self, key: int, info: BlockInfo) -> None:
         self._order[key] = None
+        self._order.move_to_end(key)
+
+    def add_many(
+        self, keys: list[int], positions: list[int], parents: list[int], info: BlockInfo
+    ) -> None:
+        # the keys are not evictable yet (the pool guarantees it), so update() appends them
+        self._order.update(dict.fromkeys(keys))
 
     def access(self, key: int, info: BlockInfo) -> None:
         if key in self._order:
-            del self._order[key]
-            self._order[key] = None
+            self._order.move_to_end(key)
 
     def discard(self, key: int) -> None:
         self._order.pop(key, None)
+
+    def evict(self, count: int) -> list[int]:
+        popitem = self._order.popitem
+        return [popitem(last=False)[0] for _ in range(count)]
 
     def victim(self) -> int:
         try:

@@ -1,0 +1,295 @@
+"""The `kvsim` command: a thin click layer over the Python API.
+
+User errors (kvsim.errors.KvsimError and click's usage errors) print one line and exit 2;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import click
+
+from kvsim.errors import KvsimError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kvsim")
+def cli() -> None:
+    """kvsim: simulate KV-cache management in LLM serving."""
+
+
+# -- kvsim run -------------------------------------------------------------------------------------
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and (not math.isfinite(value) or value <= 0):
+        raise KvsimError(f"--{name}: expected a positive number, got {value}")
+
+
+class _Progress:
+    """A progress bar on stderr that appears only once a run has taken a couple of seconds."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.last = 0.0
+        self.shown = False
+        self.enabled = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if now - self.start < 2.0 or (now - self.last < 0.1 and done < total):
+            return
+        self.last = now
+        self.shown = True
+        width = 30
+        filled = int(width * done / max(total, 1))
+        bar = "#" * filled + "-" * (width - filled)
+        sys.stderr.write(f"\r[{bar}] {done}/{total} requests  {now - self.start:5.1f}s")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+
+
+def _format_summary(summary: dict[str, object], out: Path) -> str:
+    s = summary
+
+    def ms(key: str) -> str:
+        v = s[key]
+        return "n/a" if not isinstance(v, float) or math.isnan(v) else f"{v * 1000:,.1f} ms"
+
+    rows = [
+        (
+            "workload",
+            f"{s['trace']}  ({s['requests']} requests, {s['completed']} completed"
+            + (f", {s['rejected']} rejected" if s["rejected"] else "")
+            + ")",
+        ),
+        ("model / hardware", f"{s['model']} on {s['hardware']}, policy {s['policy']}"),
+        ("TTFT p50 / p90 / p99", f"{ms('ttft_p50_s')} / {ms('ttft_p90_s')} / {ms('ttft_p99_s')}"),
+        ("TPOT p50 / p99", f"{ms('tpot_p50_s')} / {ms('tpot_p99_s')}"),
+        ("E2E p50 / p99", f"{s['e2e_p50_s']:.2f} s / {s['e2e_p99_s']:.2f} s"),
+        ("output throughput", f"{s['throughput_tokens_per_s']:,.0f} tok/s"),
+        ("total throughput", f"{s['total_throughput_tokens_per_s']:,.0f} tok/s"),
+        (
+            "prefix hit ratio",
+            f"{s['prefix_hit_ratio']:.3f}  ({s['cached_tokens']:,} of "
+            f"{s['input_tokens']:,} input tokens)",
+        ),
+        (
+            "KV blocks",
+            f"{s['kv_blocks']:,}  ({s['evicted_blocks']:,} evictions, "
+            f"{s['preemptions']} preemptions)",
+        ),
+        ("simulated / wall", f"{s['simulated_s']:,.1f} s simulated in {s['wall_s']:.2f} s"),
+        ("results", str(out)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _default_out() -> Path:
+    base = Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    out, n = base, 1
+    while out.exists():
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
+
+
+@cli.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="Start from a config.toml (e.g. one a previous run wrote).",
+)
+@click.option("--trace", help="Built-in trace name or path to a trace file. [default: sharegpt]")
+@click.option("--policy", help="HBM eviction policy (name or module:Class). [default: lru]")
+@click.option("--model", help="Catalog model name or model TOML. [default: llama-3.1-8b]")
+@click.option("--hardware", help="Hardware profile name or TOML. [default: h100-sxm]")
+@click.option("--tp", type=int, help="Tensor-parallel GPUs per replica. [default: 1]")
+@click.option("--kv-dtype", type=click.Choice(["bf16", "fp16", "fp8", "int8", "int4"]))
+@click.option("--block-size", type=int, help="Tokens per KV block. [default: 16]")
+@click.option("--max-num-seqs", type=int, help="Sequences per iteration. [default: 256]")
+@click.option("--max-batched-tokens", type=int, help="Token budget per iteration. [default: 8192]")
+@click.option("--num-gpu-blocks", type=int, help="Override the KV blocks derived from HBM.")
+@click.option("--no-prefix-caching", is_flag=True, default=None, help="Disable prefix reuse.")
+@click.option("--max-requests", type=int, help="Replay only the first N requests.")
+@click.option("--rate", type=float, help="Session arrival rate (per s) for synthetic traces.")
+@click.option("--rate-scale", type=float, help="Multiply the arrival rate (divide timestamps).")
+@click.option("--seed", type=int, help="Seed for every random draw. [default: 0]")
+@click.option("--out", type=click.Path(file_okay=False), help="Results folder. [runs/<time>]")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+def run(
+    config_path,
+    trace,
+    policy,
+    model,
+    hardware,
+    tp,
+    kv_dtype,
+    block_size,
+    max_num_seqs,
+    max_batched_tokens,
+    num_gpu_blocks,
+    no_prefix_caching,
+    max_requests,
+    rate,
+    rate_scale,
+    seed,
+    out,
+    as_json,
+) -> None:
+    """Simulate a serving replica on a trace and report TTFT, TPOT, throughput and hit ratio."""
+    from kvsim.run import RunConfig, write_outputs
+    from kvsim.run import run as run_sim
+
+    _positive("rate", rate)
+    _positive("rate-scale", rate_scale)
+    if max_requests is not None and max_requests < 1:
+        raise KvsimError(f"--max-requests: expected a positive integer, got {max_requests}")
+    base = RunConfig.from_toml(config_path) if config_path else RunConfig()
+    engine_overrides = {
+        "policy": policy,
+        "tp": tp,
+        "kv_dtype": kv_dtype,
+        "block_size": block_size,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_batched_tokens,
+        "num_gpu_blocks": num_gpu_blocks,
+        "seed": seed,
+        "enable_prefix_caching": False if no_prefix_caching else None,
+    }
+    engine = dataclasses.replace(
+        base.engine, **{k: v for k, v in engine_overrides.items() if v is not None}
+    )
+    top = {
+        "trace": trace,
+        "model": model,
+        "hardware": hardware,
+        "max_requests": max_requests,
+        "rate": rate,
+        "rate_scale": rate_scale,
+    }
+    config = dataclasses.replace(
+        base, engine=engine, **{k: v for k, v in top.items() if v is not None}
+    )
+    progress = _Progress()
+    try:
+        outcome = run_sim(config, progress=progress)
+    finally:
+        progress.close()
+    out_dir = write_outputs(outcome, Path(out) if out else _default_out())
+    if as_json:
+        click.echo(json.dumps(outcome.summary))
+    else:
+        click.echo(_format_summary(outcome.summary, out_dir))
+
+
+# -- kvsim size ------------------------------------------------------------------------------------
+@cli.command()
+@click.option("--model", required=True, help="Catalog model name or model TOML.")
+@click.option("--tp", type=int, default=1, show_default=True)
+@click.option(
+    "--kv-dtype",
+    type=click.Choice(["bf16", "fp16", "fp8", "int8", "int4"]),
+    default="bf16",
+    show_default=True,
+)
+@click.option(
+    "--weight-dtype",
+    type=click.Choice(["bf16", "fp16", "fp8", "int8", "int4"]),
+    default="bf16",
+    show_default=True,
+)
+@click.option("--hardware", default="h100-sxm", show_default=True, help="Hardware profile.")
+@click.option(
+    "--context",
+    type=int,
+    default=32768,
+    show_default=True,
+    help="Context length for the max-concurrency figure.",
+)
+@click.option("--block-size", type=int, default=16, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def size(model, tp, kv_dtype, weight_dtype, hardware, context, block_size, as_json) -> None:
+    """Exact KV bytes per token and block, weights, and how many sequences fit in HBM."""
+    from kvsim.capacity import capacity_report, format_capacity
+    from kvsim.hardware import load_profile
+    from kvsim.models import load_model
+
+    for name, value in (("tp", tp), ("context", context), ("block-size", block_size)):
+        if value < 1:
+            raise KvsimError(f"--{name}: expected a positive integer, got {value}")
+    spec = load_model(model)
+    profile = load_profile(hardware)
+    report = capacity_report(
+        spec,
+        hbm_bytes_per_gpu=profile.gpu.hbm_bytes,
+        gpu_memory_utilization=profile.gpu_memory_utilization,
+        tp=tp,
+        kv_dtype=kv_dtype,
+        weight_dtype=weight_dtype,
+        context_tokens=context,
+        block_size=block_size,
+    )
+    report = {"hardware": profile.name, **report}
+    click.echo(json.dumps(report) if as_json else format_capacity(report))
+
+
+# -- kvsim profile ---------------------------------------------------------------------------------
+@cli.group()
+def profile() -> None:
+    """Hardware profiles: list, show, validate."""
+
+
+@profile.command("list")
+def profile_list() -> None:
+    """Every shipped profile with its GPU, HBM and price."""
+    from kvsim.hardware.show import format_profile_list
+
+    click.echo(format_profile_list())
+
+
+@profile.command("show")
+@click.argument("name")
+def profile_show(name: str) -> None:
+    """Every number of a profile, its tiers and the source of each figure."""
+    from kvsim.hardware import load_profile
+    from kvsim.hardware.show import format_profile
+
+    click.echo(format_profile(load_profile(name)))
+
+
+@profile.command("validate")
+@click.argument("path", type=click.Path(dir_okay=False))
+def profile_validate(path: str) -> None:
+    """Check a profile file; names the field of the first impossible value."""
+    from kvsim.hardware import validate_profile
+
+    prof = validate_profile(path)
+    click.echo(f"{path}: ok ({prof.name}, {len(prof.tiers)} tiers)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: one-line errors with exit code 2 for anything the user got wrong."""
+    try:
+        cli.main(args=argv, prog_name="kvsim", standalone_mode=False)
+    except KvsimError as exc:
+        click.echo(f"kvsim: error: {exc}", err=True)
+        sys.exit(2)
+    except click.ClickException as exc:
+        click.echo(f"kvsim: error: {exc.format_message()}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("kvsim: aborted", err=True)
+        sys.exit(130)

@@ -1,0 +1,309 @@
+"""One serving replica: vLLM-V1-style continuous batching as a single SimPy process.
+
+Each iteration the scheduler walks the running requests first (a decode takes one token of the
+budget, an unfinished prefill takes a chunk), then admits waiting requests in arrival order while
+the token budget, `max_num_seqs` and free blocks allow. When a running request needs a block and
+none is free, the most recently admitted request is preempted by recompute (vLLM's default): its
+blocks are released (cached ones stay cached) and it goes back to the head of the queue.
+
+The iteration time comes from the cost model. When every running request is decoding and no
+waiting request can be admitted, the batch cannot change until a request finishes, an arrival
+comes, or blocks run out; those iterations are run as one event (decode coalescing), and an arrival
+in the middle cuts the run at the end of the step in progress.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+import simpy
+
+from kvsim.engine.config import EngineConfig
+from kvsim.engine.request import Request
+from kvsim.hardware.costmodel import RooflineCostModel
+from kvsim.kvcache import BlockPool
+
+MAX_COALESCED_STEPS = 4096
+
+
+class Replica:
+    """Scheduler + executor of one replica; `submit` a request, it calls `on_finish` when done."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        config: EngineConfig,
+        pool: BlockPool,
+        cost: RooflineCostModel,
+        hashes_of: Callable[[Request], list[int]],
+        on_finish: Callable[[Request], None],
+    ) -> None:
+        self.env = env
+        self.config = config
+        self.pool = pool
+        self.cost = cost
+        self.hashes_of = hashes_of
+        self.on_finish = on_finish
+        self.block_size = config.block_size
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.iterations = 0
+        self.coalesced_steps = 0
+        self.busy_s = 0.0
+        self.block_ops = 0
+        self._wake: simpy.Event | None = None
+        self._idle = True
+        self.process = env.process(self._loop())
+
+    # -- arrivals ----------------------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        request.arrival_s = self.env.now
+        self.waiting.append(request)
+        wake = self._wake
+        if wake is not None and not wake.triggered:
+            wake.succeed()
+
+    # -- main loop ---------------------------------------------------------------------------------
+    def _loop(self):
+        env = self.env
+        while True:
+            if not self.running and not self.waiting:
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            if self.config.coalesce_decode and self._decode_only():
+                steps = self._coalescible_steps()
+                if steps >= 2:
+                    yield from self._decode_run(steps)
+                    continue
+            batch = self._schedule()
+            if not batch:
+                # nothing fits even an empty replica: impossible requests were rejected upstream,
+                # so this only happens when waiting requests wait for running ones; wait for work
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            prefill = []
+            decode = []
+            for req, n in batch:
+                if n == 1:
+                    decode.append(req.computed)
+                else:
+                    prefill.append((n, req.computed))
+            duration = self.cost.iteration_time_s(prefill, decode)
+            yield env.timeout(duration)
+            self.busy_s += duration
+            self.iterations += 1
+            self._complete(batch)
+
+    # -- scheduling --------------------------------------------------------------------------------
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def _schedule(self) -> list[tuple[Request, int]]:
+        budget = self.config.max_num_batched_tokens
+        pool = self.pool
+        batch: list[tuple[Request, int]] = []
+        running = self.running
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = min(req.known - req.computed, budget)
+            need = self._blocks_for(req.computed + n) - req.held_blocks
+            while need > 0 and not pool.allocate(need):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                req.held_blocks += max(need, 0)
+                self.block_ops += max(need, 0)
+                batch.append((req, n))
+                budget -= n
+                i += 1
+                continue
+            break  # the current request preempted itself
+        if not preempted:
+            self._admit(batch, budget)
+        return batch
+
+    def _prefix_hit(self, req: Request) -> tuple[int, int]:
+        """(cached leading blocks usable by `req`, how many of them are evictable now)."""
+        if req.hashes is None:
+            req.hashes = self.hashes_of(req)
+        if not self.config.enable_prefix_caching:
+            return 0, 0
+        # at least one token must be computed to sample from, as in vLLM
+        limit = min((req.known - 1) // self.block_size, len(req.hashes))
+        return self.pool.cached_prefix(req.hashes, limit)
+
+    def _admit(self, batch: list[tuple[Request, int]], budget: int) -> None:
+        waiting = self.waiting
+        running = self.running
+        pool = self.pool
+        max_seqs = self.config.max_num_seqs
+        bs = self.block_size
+        now = self.env.now
+        while waiting and budget > 0 and len(running) < max_seqs:
+            req = waiting[0]
+            hit, evictable = self._prefix_hit(req)
+            start = hit * bs
+            n = min(req.known - start, budget)
+            need = self._blocks_for(start + n) - hit
+            if need + evictable > pool.available:
+                break
+            waiting.popleft()
+            assert req.hashes is not None
+            pool.acquire(req.hashes, hit, now)
+            pool.allocate(need)
+            self.block_ops += hit + need
+            req.computed = start
+            req.held_blocks = hit + need
+            req.held_cached = list(range(hit))
+            req.processed_blocks = hit
+            if req.cached_tokens < 0:
+                req.cached_tokens = start
+                req.scheduled_s = now
+            running.append(req)
+            batch.append((req, n))
+            budget -= n
+
+    def _preempt(self, req: Request) -> None:
+        self._release(req)
+        req.preemptions += 1
+        req.reset_kv()
+        self.waiting.appendleft(req)
+
+    def _release(self, req: Request) -> None:
+        assert req.hashes is not None
+        uncached = req.held_blocks - len(req.held_cached)
+        self.pool.release(req.hashes, req.held_cached, uncached, self.env.now)
+        self.block_ops += req.held_blocks
+
+    # -- completing an iteration -------------------------------------------------------------------
+    def _register_full_blocks(self, req: Request) -> None:
+        hashes = req.hashes
+        assert hashes is not None
+        full = min(req.computed // self.block_size, len(hashes))
+        if full <= req.processed_blocks:
+            return
+        req.held_cached += self.pool.register(hashes, req.processed_blocks, full, self.env.now)
+        self.block_ops += full - req.processed_blocks
+        req.processed_blocks = full
+
+    def _complete(self, batch: list[tuple[Request, int]]) -> None:
+        now = self.env.now
+        finished = False
+        for req, n in batch:
+            req.computed += n
+            self._register_full_blocks(req)
+            if req.computed == req.known:
+                req.generated += 1
+                req.known += 1
+                if req.first_token_s < 0:
+                    req.first_token_s = now
+                if req.generated >= req.output_tokens:
+                    self._finish(req, now)
+                    finished = True
+        if finished:
+            self.running = [r for r in self.running if r.finish_s < 0]
+
+    def _finish(self, req: Request, now: float) -> None:
+        req.finish_s = now
+        self._release(req)
+        req.hashes = None  # the trace can rebuild them; keeps memory flat on long traces
+        self.on_finish(req)
+
+    # -- decode coalescing -------------------------------------------------------------------------
+    def _decode_only(self) -> bool:
+        running = self.running
+        if not running or len(running) > self.config.max_num_batched_tokens:
+            return False
+        for req in running:
+            if req.known - req.computed != 1:
+                return False
+        if not self.waiting or len(running) >= self.config.max_num_seqs:
+            return True
+        # the head of the queue cannot be admitted now, and decoding only takes blocks away
+        req = self.waiting[0]
+        hit, evictable = self._prefix_hit(req)
+        budget = self.config.max_num_batched_tokens - len(running)
+        n = min(req.known - hit * self.block_size, budget)
+        need = self._blocks_for(hit * self.block_size + n) - hit
+        return budget <= 0 or need + evictable > self.pool.available
+
+    def _blocks_needed(self, computed: np.ndarray, held: np.ndarray, steps: int) -> int:
+        bs = self.block_size
+        return int(np.maximum(-(-(computed + steps) // bs) - held, 0).sum())
+
+    def _coalescible_steps(self) -> int:
+        """Steps the decode batch can run unchanged: until the first finish, within free blocks."""
+        running = self.running
+        steps = min(r.output_tokens - r.generated for r in running)
+        steps = min(steps, MAX_COALESCED_STEPS)
+        computed = np.fromiter((r.computed for r in running), dtype=np.int64, count=len(running))
+        held = np.fromiter((r.held_blocks for r in running), dtype=np.int64, count=len(running))
+        available = self.pool.available
+        if self._blocks_needed(computed, held, steps) <= available:
+            return steps
+        lo, hi = 0, steps  # largest step count whose blocks fit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._blocks_needed(computed, held, mid) <= available:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _decode_run(self, steps: int):
+        env = self.env
+        running = self.running
+        contexts = np.fromiter((r.computed for r in running), dtype=np.float64, count=len(running))
+        ends = self.cost.decode_run_ends_s(contexts, steps)
+        start = env.now
+        self._wake = env.event()
+        yield env.timeout(float(ends[-1])) | self._wake
+        cut = self._wake.triggered and env.now - start < float(ends[-1])
+        self._wake = None
+        done = steps
+        if cut:
+            elapsed = env.now - start
+            step = int(np.searchsorted(ends, elapsed, side="left"))
+            done = min(step + 1, steps)
+            remaining = float(ends[done - 1]) - elapsed
+            if remaining > 0:
+                yield env.timeout(remaining)
+        duration = float(ends[done - 1])
+        self.busy_s += duration
+        self.iterations += done
+        self.coalesced_steps += done
+        self._advance_decode(done, first_step_end_s=start + float(ends[0]))
+
+    def _advance_decode(self, steps: int, first_step_end_s: float) -> None:
+        now = self.env.now
+        pool = self.pool
+        finished = False
+        for req in self.running:
+            need = self._blocks_for(req.computed + steps) - req.held_blocks
+            if need > 0:
+                ok = pool.allocate(need)
+                assert ok, "coalesced decode ran out of blocks it had counted"
+                req.held_blocks += need
+                self.block_ops += need
+            if req.generated == 0:  # its last prompt token went in the first step
+                req.first_token_s = first_step_end_s
+            req.computed += steps
+            req.generated += steps
+            req.known += steps
+            self._register_full_blocks(req)
+            if req.generated >= req.output_tokens:
+                self._finish(req, now)
+                finished = True
+        if finished:
+            self.running = [r for r in self.running if r.finish_s < 0]

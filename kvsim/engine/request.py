@@ -1,0 +1,60 @@
+"""A request's state inside the engine: slotted, allocation-free on the hot path."""
+
+from __future__ import annotations
+
+
+class Request:
+    """One model call. Token accounting follows vLLM V1:
+
+    - ``known``: tokens the request has (prompt + generated so far);
+    - ``computed``: tokens whose KV is in HBM; a step processes tokens [computed, computed + n)
+      and samples a new token when it reaches ``known``;
+    - preemption (recompute) drops all KV: ``computed`` returns to 0, ``known`` is kept.
+    """
+
+    __slots__ = (
+        "arrival_s",
+        "cached_tokens",
+        "computed",
+        "finish_s",
+        "first_token_s",
+        "generated",
+        "hashes",
+        "held_blocks",
+        "held_cached",
+        "index",
+        "input_tokens",
+        "known",
+        "output_tokens",
+        "preemptions",
+        "processed_blocks",
+        "recomputed_tokens",
+        "scheduled_s",
+    )
+
+    def __init__(self, index: int, input_tokens: int, output_tokens: int) -> None:
+        self.index = index
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.arrival_s = 0.0
+        self.scheduled_s = -1.0
+        self.first_token_s = -1.0
+        self.finish_s = -1.0
+        self.known = input_tokens
+        self.computed = 0
+        self.generated = 0
+        self.cached_tokens = -1  # prefix-cache hit at first admission; -1 = not yet admitted
+        self.recomputed_tokens = 0
+        self.preemptions = 0
+        self.hashes: list[int] | None = None  # full-block hashes of prompt + reply
+        self.held_blocks = 0  # blocks allocated to this request (cached or not)
+        self.held_cached: list[int] = []  # positions of held blocks that are in the prefix cache
+        self.processed_blocks = 0  # leading full blocks already offered to the cache
+
+    def reset_kv(self) -> None:
+        """Forget every block (after release): the request will recompute from scratch."""
+        self.recomputed_tokens += self.computed
+        self.computed = 0
+        self.held_blocks = 0
+        self.held_cached = []
+        self.processed_blocks = 0

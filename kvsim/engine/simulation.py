@@ -1,0 +1,233 @@
+"""Wire a trace, a model, a hardware profile and a policy into one SimPy run of a replica."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import simpy
+
+from kvsim.engine.config import EngineConfig
+from kvsim.engine.replica import Replica
+from kvsim.engine.request import Request
+from kvsim.errors import KvsimError
+from kvsim.hardware.costmodel import RooflineCostModel
+from kvsim.hardware.profile import HardwareProfile
+from kvsim.kvcache import BlockPool
+from kvsim.models import ModelSpec, kv_bytes_per_block
+from kvsim.policies import make_policy
+from kvsim.traces import Trace
+from kvsim.traces.blocks import sequence_block_hashes
+from kvsim.traces.schema import segment_columns
+
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass
+class RunResult:
+    """Everything a run measured; `kvsim.metrics` turns it into a summary and files."""
+
+    requests: pa.Table
+    simulated_s: float
+    wall_s: float
+    num_gpu_blocks: int
+    block_bytes: int
+    iterations: int
+    coalesced_steps: int
+    busy_s: float
+    block_ops: int
+    evictions: int
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def kv_blocks_for(
+    model: ModelSpec, profile: HardwareProfile, config: EngineConfig
+) -> tuple[int, int]:
+    """(KV blocks per replica, bytes of one block on one rank) from HBM left after weights."""
+    from kvsim.capacity import capacity_report
+
+    block_bytes = kv_bytes_per_block(model, config.block_size, config.kv_dtype, config.tp)
+    if config.num_gpu_blocks is not None:
+        return config.num_gpu_blocks, block_bytes
+    report = capacity_report(
+        model,
+        hbm_bytes_per_gpu=profile.gpu.hbm_bytes,
+        gpu_memory_utilization=profile.gpu_memory_utilization,
+        tp=config.tp,
+        kv_dtype=config.kv_dtype,
+        weight_dtype=config.weight_dtype,
+        block_size=config.block_size,
+    )
+    blocks = int(report["kv_capacity_bytes_per_rank"] // block_bytes)
+    if blocks < 1:
+        raise KvsimError(
+            f"{model.name} at tp={config.tp} leaves no HBM for KV blocks on {profile.name}"
+        )
+    return blocks, block_bytes
+
+
+class _TraceRequests:
+    """Columnar view of a canonical trace, turned into engine Requests on demand."""
+
+    def __init__(self, trace: Trace, block_size: int) -> None:
+        t = trace.table
+        self.n = t.num_rows
+        self.block_size = block_size
+        self.request_id = t.column("request_id").to_numpy()
+        self.session_id = t.column("session_id").to_numpy()
+        self.turn = t.column("turn").to_numpy()
+        self.arrival_s = t.column("arrival_s").to_numpy()
+        think = t.column("think_time_s")
+        self.closed_loop = think.is_valid().to_numpy(zero_copy_only=False) & (self.turn > 0)
+        self.think_time_s = think.fill_null(0.0).to_numpy()
+        self.input_tokens = t.column("input_tokens").to_numpy().astype(np.int64)
+        self.output_tokens = t.column("output_tokens").to_numpy().astype(np.int64)
+        self.output_hash = t.column("output_hash").to_numpy()
+        segments = segment_columns(t)
+        self.seg_offsets = segments.offsets
+        self.seg_hash = segments.hashes
+        self.seg_tokens = segments.tokens
+
+    def hashes(self, req: Request) -> list[int]:
+        i = req.index
+        lo, hi = self.seg_offsets[i], self.seg_offsets[i + 1]
+        return sequence_block_hashes(
+            self.seg_hash[lo:hi],
+            self.seg_tokens[lo:hi],
+            int(self.output_hash[i]),
+            int(self.output_tokens[i]),
+            self.block_size,
+        ).tolist()
+
+    def next_turns(self) -> dict[int, int]:
+        """Index of each closed-loop request keyed by the index of the turn it follows."""
+        by_key = {
+            (int(s), int(k)): i
+            for i, (s, k) in enumerate(zip(self.session_id, self.turn, strict=True))
+        }
+        follows: dict[int, int] = {}
+        for i in np.flatnonzero(self.closed_loop):
+            prev = by_key.get((int(self.session_id[i]), int(self.turn[i]) - 1))
+            if prev is None:
+                self.closed_loop[i] = False  # its earlier turn is not in this trace: replay it
+            else:
+                follows[prev] = int(i)
+        return follows
+
+
+def simulate(
+    trace: Trace,
+    model: ModelSpec,
+    profile: HardwareProfile,
+    config: EngineConfig,
+    progress: ProgressFn | None = None,
+) -> RunResult:
+    """Replay `trace` through one replica and return per-request results."""
+    wall_start = time.perf_counter()
+    num_blocks, block_bytes = kv_blocks_for(model, profile, config)
+    cost = RooflineCostModel(
+        model, profile, tp=config.tp, kv_dtype=config.kv_dtype, weight_dtype=config.weight_dtype
+    )
+    pool = BlockPool(num_blocks, make_policy(config.policy))
+    source = _TraceRequests(trace, config.block_size)
+    follows = source.next_turns()
+    requests = [
+        Request(i, int(source.input_tokens[i]), int(source.output_tokens[i]))
+        for i in range(source.n)
+    ]
+    env = simpy.Environment()
+    capacity_tokens = num_blocks * config.block_size
+    completed = 0
+    rejected = np.zeros(source.n, dtype=bool)
+
+    def issue(req: Request) -> None:
+        if req.input_tokens + req.output_tokens > capacity_tokens:
+            # like a prompt beyond max_model_len: it can never fit, so it is refused at once
+            rejected[req.index] = True
+            req.arrival_s = env.now
+            req.finish_s = env.now
+            on_finish(req)
+            return
+        replica.submit(req)
+
+    def on_finish(req: Request) -> None:
+        nonlocal completed
+        completed += 1
+        if progress is not None:
+            progress(completed, source.n)
+        nxt = follows.get(req.index)
+        if nxt is not None:
+            env.timeout(float(source.think_time_s[nxt])).callbacks.append(
+                lambda _ev, r=requests[nxt]: issue(r)
+            )
+
+    replica = Replica(env, config, pool, cost, source.hashes, on_finish)
+
+    def arrivals():
+        order = np.flatnonzero(~source.closed_loop)
+        order = order[np.argsort(source.arrival_s[order], kind="stable")]
+        for i in order:
+            delay = float(source.arrival_s[i]) - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            issue(requests[i])
+
+    env.process(arrivals())
+    env.run()
+    wall_s = time.perf_counter() - wall_start
+    table = _requests_table(source, requests, rejected)
+    first = float(np.min(source.arrival_s)) if source.n else 0.0
+    finished = [r.finish_s for r in requests if r.finish_s >= 0]
+    end = max(finished) if finished else first
+    return RunResult(
+        requests=table,
+        simulated_s=max(end - first, 0.0),
+        wall_s=wall_s,
+        num_gpu_blocks=num_blocks,
+        block_bytes=block_bytes,
+        iterations=replica.iterations,
+        coalesced_steps=replica.coalesced_steps,
+        busy_s=replica.busy_s,
+        block_ops=replica.block_ops,
+        evictions=pool.stats.evictions,
+    )
+
+
+def _requests_table(source: _TraceRequests, requests: list[Request], rejected: np.ndarray):
+    def col(name: str, dtype=np.float64) -> np.ndarray:
+        return np.fromiter((getattr(r, name) for r in requests), dtype=dtype, count=len(requests))
+
+    arrival = col("arrival_s")
+    first = col("first_token_s")
+    finish = col("finish_s")
+    output = source.output_tokens
+    done = (finish >= 0) & ~rejected
+    nan = np.full(len(requests), math.nan)
+    ttft = np.where(done, first - arrival, nan)
+    e2e = np.where(done, finish - arrival, nan)
+    tpot = np.where(done & (output > 1), (finish - first) / np.maximum(output - 1, 1), nan)
+    status = np.where(rejected, "rejected", np.where(done, "completed", "unfinished"))
+    return pa.table(
+        {
+            "request_id": source.request_id,
+            "session_id": source.session_id,
+            "turn": source.turn,
+            "status": status,
+            "arrival_s": arrival,
+            "scheduled_s": np.where(col("scheduled_s") >= 0, col("scheduled_s"), nan),
+            "first_token_s": np.where(done, first, nan),
+            "finish_s": np.where(done, finish, nan),
+            "ttft_s": ttft,
+            "tpot_s": tpot,
+            "e2e_s": e2e,
+            "input_tokens": source.input_tokens,
+            "cached_tokens": np.maximum(col("cached_tokens", np.int64), 0),
+            "output_tokens": output,
+            "preemptions": col("preemptions", np.int64),
+            "recomputed_tokens": col("recomputed_tokens", np.int64),
+        }
+    )

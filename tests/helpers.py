@@ -1,0 +1,60 @@
+"""Small canonical traces built by hand for engine tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvsim.traces.schema import KIND_CODES, Trace, make_trace_table
+
+
+@dataclass
+class Req:
+    """One request: its prompt as (hash, tokens) segments and its reply length."""
+
+    segments: Sequence[tuple[int, int]]
+    output_tokens: int
+    arrival_s: float = 0.0
+    session_id: int | None = None
+    turn: int = 0
+    think_time_s: float | None = None
+    output_hash: int = 0
+    kinds: Sequence[str] = field(default_factory=tuple)
+
+
+def make_trace(reqs: Sequence[Req], name: str = "test") -> Trace:
+    offsets = np.concatenate(([0], np.cumsum([len(r.segments) for r in reqs]))).astype(np.int64)
+    hashes = np.array([h for r in reqs for h, _ in r.segments], dtype=np.uint64)
+    tokens = np.array([t for r in reqs for _, t in r.segments], dtype=np.int64)
+    kinds = np.array(
+        [
+            KIND_CODES[(r.kinds[i] if r.kinds else "user")]
+            for r in reqs
+            for i in range(len(r.segments))
+        ],
+        dtype=np.uint8,
+    )
+    n = len(reqs)
+    think = np.array([np.nan if r.think_time_s is None else r.think_time_s for r in reqs])
+    table = make_trace_table(
+        request_id=np.arange(n),
+        session_id=np.array(
+            [i if r.session_id is None else r.session_id for i, r in enumerate(reqs)]
+        ),
+        turn=np.array([r.turn for r in reqs]),
+        arrival_s=np.array([r.arrival_s for r in reqs], dtype=np.float64),
+        think_time_s=think,
+        input_tokens=np.array([sum(t for _, t in r.segments) for r in reqs]),
+        output_tokens=np.array([r.output_tokens for r in reqs]),
+        seg_offsets=offsets,
+        seg_hashes=hashes,
+        seg_tokens=tokens,
+        seg_kinds=kinds,
+        output_hash=np.array([r.output_hash for r in reqs], dtype=np.uint64),
+        name=name,
+        native_block_size=None,
+        description="hand-made test trace",
+    )
+    return Trace.from_table(table)
