@@ -17,7 +17,9 @@ Every operation is O(1) per block plus the policy's cost.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress, islice, takewhile
 
 from kvsim.policies.base import BlockInfo, EvictionPolicy
 
@@ -29,6 +31,25 @@ class PoolStats:
     hits: int = 0
     evictions: int = 0
     registered: int = 0
+
+
+class _Parents(Sequence[int]):
+    """The parent hash of each block at `positions` of a chain, computed only if a policy asks."""
+
+    __slots__ = ("_chain", "_positions")
+
+    def __init__(self, chain: list[int], positions: list[int]) -> None:
+        self._chain = chain
+        self._positions = positions
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        p = self._positions[i]
+        return self._chain[p - 1] if p else 0
 
 
 class BlockPool:
@@ -58,34 +79,24 @@ class BlockPool:
     def cached_prefix(self, hashes: list[int], limit: int) -> tuple[int, int]:
         """(leading blocks of `hashes[:limit]` that are cached, how many of those are evictable).
 
-        A hit stops at the first missing block: a block whose prefix is gone is useless."""
-        refs = self.refs
-        hit = 0
-        evictable = 0
-        while hit < limit:
-            ref = refs.get(hashes[hit])
-            if ref is None:
-                break
-            if ref == 0:
-                evictable += 1
-            hit += 1
-        return hit, evictable
+        A hit stops at the first missing block: a block whose prefix is gone is useless.
+        The walk runs in C (takewhile over the dict's membership test)."""
+        hit = len(list(takewhile(self.refs.__contains__, islice(hashes, limit))))
+        if not hit:
+            return 0, 0
+        return hit, list(map(self.refs.__getitem__, hashes[:hit])).count(0)
 
     # -- operations ------------------------------------------------------------------------------
     def acquire(self, hashes: list[int], count: int, now_s: float) -> None:
         """Pin the first `count` blocks of `hashes` (all cached) for a request that hit them."""
+        if not count:
+            return
         refs = self.refs
-        policy = self.policy
-        info = self.info
-        info.now_s = now_s
-        for position in range(count):
-            key = hashes[position]
-            ref = refs[key]
-            info.position = position
-            policy.access(key, info)
-            if ref == 0:
-                policy.discard(key)
-            refs[key] = ref + 1
+        keys = hashes[:count]
+        counts = list(map(refs.__getitem__, keys))
+        self.info.now_s = now_s
+        self.policy.pin_many(keys, [c == 0 for c in counts], self.info)
+        refs.update(zip(keys, [c + 1 for c in counts], strict=True))
         self.stats.hits += count
 
     def allocate(self, count: int) -> bool:
@@ -107,31 +118,40 @@ class BlockPool:
         the positions cached. A block whose content another request already cached stays an
         uncached duplicate, as in vLLM, and is freed as such."""
         refs = self.refs
-        fresh = [p for p in range(start, end) if hashes[p] not in refs]
-        if len(fresh) == end - start:
-            refs.update(dict.fromkeys(hashes[start:end], 1))
+        keys = hashes[start:end]
+        if refs.keys().isdisjoint(keys):  # the common case, tested in C
+            refs.update(dict.fromkeys(keys, 1))
+            fresh = list(range(start, end))
         else:
+            fresh = [p for p in range(start, end) if hashes[p] not in refs]
             refs.update((hashes[p], 1) for p in fresh)
         self.stats.registered += len(fresh)
         return fresh
 
-    def release(self, hashes: list[int], positions: list[int], uncached: int, now_s: float) -> None:
+    def release(
+        self, hashes: list[int], positions: list[int], uncached: int, now_s: float
+    ) -> None:
         """Unpin cached blocks at `positions` of `hashes` deepest-first, and free `uncached`."""
+        self.free_uncached += uncached
+        if not positions:
+            return
         refs = self.refs
-        freed: list[int] = []
-        freed_at: list[int] = []
-        for position in reversed(positions):
-            key = hashes[position]
-            ref = refs[key] - 1
-            refs[key] = ref
-            if ref == 0:
-                freed.append(key)
-                freed_at.append(position)
+        at = positions[::-1]
+        if at[0] - at[-1] + 1 == len(at):  # one contiguous run (the usual case): slice it
+            keys = hashes[at[-1] : at[0] + 1][::-1]
+        else:
+            keys = [hashes[p] for p in at]
+        counts = list(map(refs.__getitem__, keys))
+        if counts.count(1) == len(counts):  # the common case: nobody else holds them
+            refs.update(dict.fromkeys(keys, 0))
+            freed, freed_at = keys, at
+        else:
+            refs.update(zip(keys, [c - 1 for c in counts], strict=True))
+            zero = [c == 1 for c in counts]
+            freed, freed_at = list(compress(keys, zero)), list(compress(at, zero))
         if freed:
             self.info.now_s = now_s
-            parents = [hashes[p - 1] if p else 0 for p in freed_at]
-            self.policy.add_many(freed, freed_at, parents, self.info)
-        self.free_uncached += uncached
+            self.policy.add_many(freed, freed_at, _Parents(hashes, freed_at), self.info)
 
     def check(self) -> None:
         """Assert the pool's accounting invariants (tests call this)."""

@@ -1,16 +1,42 @@
-"""Eviction policies by name: built-ins, the `kvsim.policies` entry-point group, and `module:Class`."""
+"""Eviction policies by name: built-ins, the `kvsim.policies` entry points, and `module:Class`."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import fields
 from importlib.metadata import entry_points
+from typing import Any
 
-from kvsim.errors import KvsimError, UnknownNameError
+from kvsim.errors import ConfigError, KvsimError, PluginError, UnknownNameError
+from kvsim.policies.arc import ARC
+from kvsim.policies.asym_cost import AsymCost
 from kvsim.policies.base import BlockInfo, EvictionPolicy
+from kvsim.policies.bayes_reuse import BayesReuse
+from kvsim.policies.belady import Belady
+from kvsim.policies.fifo import FIFO
+from kvsim.policies.gdsf import GDSF
+from kvsim.policies.lfu import LFU
+from kvsim.policies.lmcache_cost import LMCacheCost
 from kvsim.policies.lru import LRU
+from kvsim.policies.lru_k import LRUK
+from kvsim.policies.mooncake_length import MooncakeLength
+from kvsim.policies.radix_lru import RadixLRU
+from kvsim.policies.s3fifo import S3FIFO
+from kvsim.policies.sieve import Sieve
+from kvsim.policies.srf import SRF
+from kvsim.policies.twoq import TwoQ
+from kvsim.policies.vllm import VLLM
 
-__all__ = ["BlockInfo", "EvictionPolicy", "make_policy", "policy_names", "register"]
+__all__ = [
+    "BlockInfo",
+    "EvictionPolicy",
+    "GuardedPolicy",
+    "make_policy",
+    "policy_names",
+    "register",
+    "resolve_policy",
+]
 
 _BUILTINS: dict[str, type[EvictionPolicy]] = {}
 
@@ -25,7 +51,26 @@ def register(cls: type[EvictionPolicy]) -> type[EvictionPolicy]:
     return cls
 
 
-register(LRU)
+for _cls in (
+    LRU,
+    FIFO,
+    LFU,
+    ARC,
+    S3FIFO,
+    Sieve,
+    TwoQ,
+    LRUK,
+    GDSF,
+    VLLM,
+    RadixLRU,
+    LMCacheCost,
+    MooncakeLength,
+    SRF,
+    BayesReuse,
+    AsymCost,
+    Belady,
+):
+    register(_cls)
 
 
 def _plugins() -> dict[str, Callable[[], object]]:
@@ -43,13 +88,18 @@ def resolve_policy(name: str) -> type[EvictionPolicy]:
         return _BUILTINS[name]
     plugins = _plugins()
     if name in plugins:
-        cls = plugins[name]()
+        try:
+            cls = plugins[name]()
+        except Exception as exc:
+            raise PluginError(f"policy {name!r}: cannot load its entry point: {exc}") from None
     elif ":" in name:
         module, _, attr = name.partition(":")
         try:
             cls = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise KvsimError(f"policy {name!r}: cannot import {attr} from {module}: {exc}") from None
+        except Exception as exc:
+            raise KvsimError(
+                f"policy {name!r}: cannot import {attr} from {module}: {exc}"
+            ) from None
     else:
         raise UnknownNameError("policy", name, policy_names())
     if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)):
@@ -57,6 +107,103 @@ def resolve_policy(name: str) -> type[EvictionPolicy]:
     return cls
 
 
-def make_policy(name: str) -> EvictionPolicy:
-    """A fresh policy instance for one tier."""
-    return resolve_policy(name)()
+def _build_params(cls: type[EvictionPolicy], name: str, params: Mapping[str, Any]) -> Any:
+    if cls.Params is None:
+        raise ConfigError(f"policy {name!r} takes no parameters, got {', '.join(sorted(params))}")
+    known = {f.name for f in fields(cls.Params)}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ConfigError(
+            f"policy {name!r}: unknown parameter {unknown[0]!r}; valid: {', '.join(sorted(known))}"
+        )
+    return cls.Params(**params)
+
+
+def make_policy(name: str, params: Mapping[str, Any] | None = None) -> EvictionPolicy:
+    """A fresh policy instance for one tier; ``params`` fill the policy's ``Params`` dataclass.
+
+    Policies that are not built in run behind a guard that reports their exceptions as
+    ``PluginError`` naming the policy and method; built-ins run bare, so they pay nothing.
+    """
+    cls = resolve_policy(name)
+    builtin = _BUILTINS.get(name) is cls
+    try:
+        policy = cls(_build_params(cls, name, params)) if params else cls()
+    except KvsimError:
+        raise
+    except Exception as exc:
+        if builtin:
+            raise
+        raise PluginError(f"policy {name!r}: method '__init__' raised {_describe(exc)}") from exc
+    return policy if builtin else GuardedPolicy(name, policy)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class GuardedPolicy(EvictionPolicy):
+    """Delegates to a third-party policy, turning its exceptions into ``PluginError``.
+
+    ``victim`` raising LookupError on an empty policy is the interface, not a fault, so it passes.
+    """
+
+    def __init__(self, label: str, inner: EvictionPolicy) -> None:
+        self.label = label
+        self.inner = inner
+        self.name = getattr(inner, "name", "") or label  # type: ignore[misc]
+        self.respects_prefix = inner.respects_prefix  # type: ignore[misc]
+        self.needs_future = inner.needs_future  # type: ignore[misc]
+
+    def _fail(self, method: str, exc: Exception) -> PluginError:
+        return PluginError(f"policy {self.label!r}: method {method!r} raised {_describe(exc)}")
+
+    def add(self, key: int, info: BlockInfo) -> None:
+        try:
+            self.inner.add(key, info)
+        except Exception as exc:
+            raise self._fail("add", exc) from exc
+
+    def access(self, key: int, info: BlockInfo) -> None:
+        try:
+            self.inner.access(key, info)
+        except Exception as exc:
+            raise self._fail("access", exc) from exc
+
+    def discard(self, key: int) -> None:
+        try:
+            self.inner.discard(key)
+        except Exception as exc:
+            raise self._fail("discard", exc) from exc
+
+    def forget(self, key: int) -> None:
+        try:
+            self.inner.forget(key)
+        except Exception as exc:
+            raise self._fail("forget", exc) from exc
+
+    def miss(self, key: int, info: BlockInfo) -> None:
+        try:
+            self.inner.miss(key, info)
+        except Exception as exc:
+            raise self._fail("miss", exc) from exc
+
+    def set_capacity(self, blocks: int) -> None:
+        try:
+            self.inner.set_capacity(blocks)
+        except Exception as exc:
+            raise self._fail("set_capacity", exc) from exc
+
+    def victim(self) -> int:
+        try:
+            return self.inner.victim()
+        except LookupError:
+            raise
+        except Exception as exc:
+            raise self._fail("victim", exc) from exc
+
+    def __len__(self) -> int:
+        try:
+            return len(self.inner)
+        except Exception as exc:
+            raise self._fail("__len__", exc) from exc

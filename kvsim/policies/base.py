@@ -12,9 +12,10 @@ counters (STYLE habit 2). Keys are 64-bit block hashes. The tier calls:
 
 ``add`` is always followed, before the next ``add`` of the same key, by ``discard``.
 
-Two batch hooks exist for the hot path (vLLM's block pool has the same: ``append_n`` /
-``popleft_n``): ``add_many`` (a request's blocks released together, deepest first) and ``evict``
-(choose and drop several victims). Their defaults call the single-block hooks; a policy overrides
+Three batch hooks exist for the hot path (vLLM's block pool has the same: ``append_n`` /
+``popleft_n``): ``add_many`` (a request's blocks released together, deepest first), ``pin_many``
+(a request's prefix hit: each block accessed, the evictable ones discarded) and ``evict`` (choose
+and drop several victims). Their defaults call the single-block hooks; a policy overrides
 them only to go faster, never to behave differently.
 """
 
@@ -33,8 +34,8 @@ class BlockInfo:
     ``now_s`` is simulated time (never wall-clock). ``position`` is the block's index in its
     request's prefix chain (0 = first block), ``parent`` the hash of the block before it (0 for the
     first), ``kind`` the segment kind of the block's last token (e.g. 'system', 'user', 'assistant',
-    'tool', 'document'), ``size_bytes`` its bytes in this tier, ``recompute_s`` the estimated time to
-    recompute it at its position (0: unknown, policies fall back to a position-based proxy).
+    'tool', 'document'), ``size_bytes`` its bytes in this tier, ``recompute_s`` the estimated
+    time to recompute it at its position (0: unknown, policies fall back to a position-based proxy).
     ``next_use`` is when the block is next accessed (same clock as ``now_s``, or an access index;
     ``inf`` = never), filled only for policies with ``needs_future``. ``request_tokens`` is the
     prompt length of the request that touched the block (0: unknown).
@@ -86,6 +87,16 @@ class EvictionPolicy(ABC):
             info.position = position
             info.parent = parent
             self.add(key, info)
+
+    def pin_many(self, keys: list[int], evictable: list[bool], info: BlockInfo) -> None:
+        """A request hit ``keys`` (positions 0, 1, ... of its chain): each is accessed, and
+        those with ``evictable[i]`` leave the evictable set (they are pinned now)."""
+        for position, (key, was_evictable) in enumerate(zip(keys, evictable, strict=True)):
+            info.position = position
+            info.parent = keys[position - 1] if position else 0
+            self.access(key, info)
+            if was_evictable:
+                self.discard(key)
 
     def evict(self, count: int) -> list[int]:
         """Choose and remove ``count`` victims, in order (each: victim, discard, forget)."""
