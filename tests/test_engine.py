@@ -16,6 +16,7 @@ from kvsim.engine import replica as replica_module
 from kvsim.hardware import load_profile
 from kvsim.hardware.costmodel import RooflineCostModel
 from kvsim.models import load_model
+from kvsim.policies import builtin_policy_names
 
 MODEL = load_model("llama-3.1-8b")
 PROFILE = load_profile("h100-sxm")
@@ -145,6 +146,7 @@ def workloads(draw):
         block_size=draw(st.sampled_from([4, 16, 32])),
         max_num_seqs=draw(st.integers(1, 16)),
         max_num_batched_tokens=draw(st.integers(64, 2048)),
+        policy=draw(st.sampled_from(builtin_policy_names())),
     )
     return reqs, engine
 
@@ -203,3 +205,29 @@ def test_engine_config_rejects_nonsense():
         EngineConfig(block_size=0)
     with pytest.raises(ConfigError, match="num_gpu_blocks"):
         dataclasses.replace(EngineConfig(), num_gpu_blocks=0)
+
+
+@pytest.mark.parametrize("policy", builtin_policy_names())
+def test_every_policy_runs_in_the_engine(policy):
+    # a shared system prompt, multi-turn sessions and a pool small enough to evict
+    reqs = []
+    for s in range(12):
+        history = [(999, 256), (s + 1, 100)]
+        for turn in range(3):
+            reqs.append(
+                Req(
+                    list(history),
+                    40,
+                    arrival_s=0.3 * s,
+                    session_id=s,
+                    turn=turn,
+                    think_time_s=None if turn == 0 else 1.0,
+                    output_hash=1000 * s + turn + 7,
+                    kinds=["system", "user"] + ["assistant", "user"] * turn,
+                )
+            )
+            history += [(1000 * s + turn + 7, 40), (5000 + 10 * s + turn, 30)]
+    result, rows = run(reqs, num_gpu_blocks=120, policy=policy)
+    assert rows["status"] == ["completed"] * len(reqs)
+    assert result.evictions > 0
+    assert sum(rows["cached_tokens"]) > 0

@@ -37,14 +37,14 @@ class Replica:
         config: EngineConfig,
         pool: BlockPool,
         cost: RooflineCostModel,
-        hashes_of: Callable[[Request], list[int]],
+        load_chain: Callable[[Request], None],
         on_finish: Callable[[Request], None],
     ) -> None:
         self.env = env
         self.config = config
         self.pool = pool
         self.cost = cost
-        self.hashes_of = hashes_of
+        self.load_chain = load_chain
         self.on_finish = on_finish
         self.block_size = config.block_size
         self.waiting: deque[Request] = deque()
@@ -136,7 +136,7 @@ class Replica:
     def _prefix_hit(self, req: Request) -> tuple[int, int]:
         """(cached leading blocks usable by `req`, how many of them are evictable now)."""
         if req.hashes is None:
-            req.hashes = self.hashes_of(req)
+            self.load_chain(req)
         if not self.config.enable_prefix_caching:
             return 0, 0
         # at least one token must be computed to sample from, as in vLLM
@@ -160,6 +160,8 @@ class Replica:
                 break
             waiting.popleft()
             assert req.hashes is not None
+            if pool.describes:
+                pool.describe(req.kinds, req.input_tokens)
             pool.acquire(req.hashes, hit, now)
             pool.allocate(need)
             self.block_ops += hit + need
@@ -183,6 +185,8 @@ class Replica:
     def _release(self, req: Request) -> None:
         assert req.hashes is not None
         uncached = req.held_blocks - len(req.held_cached)
+        if self.pool.describes:
+            self.pool.describe(req.kinds, req.input_tokens)
         self.pool.release(req.hashes, req.held_cached, uncached, self.env.now)
         self.block_ops += req.held_blocks
 
@@ -193,6 +197,8 @@ class Replica:
         full = min(req.computed // self.block_size, len(hashes))
         if full <= req.processed_blocks:
             return
+        if self.pool.reports_misses:
+            self.pool.describe(req.kinds, req.input_tokens)
         req.held_cached += self.pool.register(hashes, req.processed_blocks, full, self.env.now)
         self.block_ops += full - req.processed_blocks
         req.processed_blocks = full
@@ -217,7 +223,7 @@ class Replica:
     def _finish(self, req: Request, now: float) -> None:
         req.finish_s = now
         self._release(req)
-        req.hashes = None  # the trace can rebuild them; keeps memory flat on long traces
+        req.hashes = req.kinds = None  # the trace can rebuild them: memory stays flat
         self.on_finish(req)
 
     # -- decode coalescing -------------------------------------------------------------------------

@@ -24,6 +24,7 @@ class Request:
         "held_cached",
         "index",
         "input_tokens",
+        "kinds",
         "known",
         "output_tokens",
         "preemptions",
@@ -47,6 +48,7 @@ class Request:
         self.recomputed_tokens = 0
         self.preemptions = 0
         self.hashes: list[int] | None = None  # full-block hashes of prompt + reply
+        self.kinds = None  # kind code of each block, only for policies that read it
         self.held_blocks = 0  # blocks allocated to this request (cached or not)
         self.held_cached: list[int] = []  # positions of held blocks that are in the prefix cache
         self.processed_blocks = 0  # leading full blocks already offered to the cache

@@ -21,8 +21,8 @@ from kvsim.kvcache import BlockPool
 from kvsim.models import ModelSpec, kv_bytes_per_block
 from kvsim.policies import make_policy
 from kvsim.traces import Trace
-from kvsim.traces.blocks import sequence_block_hashes
-from kvsim.traces.schema import segment_columns
+from kvsim.traces.blocks import batch_block_hashes, block_kinds, sequence_block_hashes
+from kvsim.traces.schema import KIND_CODES, SEGMENT_KINDS, segment_columns
 
 ProgressFn = Callable[[int, int], None]
 
@@ -91,17 +91,22 @@ class _TraceRequests:
         self.seg_offsets = segments.offsets
         self.seg_hash = segments.hashes
         self.seg_tokens = segments.tokens
+        self.seg_kinds = segments.kinds
 
-    def hashes(self, req: Request) -> list[int]:
+    def load_chain(self, req: Request, with_kinds: bool) -> None:
+        """Set `req.hashes` (full blocks of prompt + reply) and, if asked, each block's kind."""
         i = req.index
         lo, hi = self.seg_offsets[i], self.seg_offsets[i + 1]
-        return sequence_block_hashes(
-            self.seg_hash[lo:hi],
-            self.seg_tokens[lo:hi],
-            int(self.output_hash[i]),
-            int(self.output_tokens[i]),
-            self.block_size,
+        out_hash, out_tokens = int(self.output_hash[i]), int(self.output_tokens[i])
+        req.hashes = sequence_block_hashes(
+            self.seg_hash[lo:hi], self.seg_tokens[lo:hi], out_hash, out_tokens, self.block_size
         ).tolist()
+        if with_kinds:
+            kinds, tokens = self.seg_kinds[lo:hi], self.seg_tokens[lo:hi]
+            if out_hash:
+                kinds = np.append(kinds, np.uint8(KIND_CODES["assistant"]))
+                tokens = np.append(tokens, out_tokens)
+            req.kinds = block_kinds(kinds, tokens, self.block_size)
 
     def next_turns(self) -> dict[int, int]:
         """Index of each closed-loop request keyed by the index of the turn it follows."""
@@ -119,6 +124,35 @@ class _TraceRequests:
         return follows
 
 
+class FutureUses:
+    """For an offline oracle (Belady): when is a block next part of an arriving prompt?
+
+    Uses each request's nominal `arrival_s`; closed-loop turns arrive when the simulation says,
+    so for them this is the trace's estimate, the best an oracle given the trace can know."""
+
+    def __init__(self, source: _TraceRequests, block_size: int) -> None:
+        offsets, hashes = batch_block_hashes(
+            source.seg_offsets, source.seg_hash, source.seg_tokens, block_size
+        )
+        times = np.repeat(source.arrival_s, np.diff(offsets))
+        order = np.lexsort((times, hashes))
+        self.hashes = hashes[order]
+        self.times = times[order]
+        keys, starts = np.unique(self.hashes, return_index=True)
+        ends = np.append(starts[1:], len(self.hashes))
+        self.span = dict(
+            zip(keys.tolist(), zip(starts.tolist(), ends.tolist(), strict=True), strict=True)
+        )
+
+    def __call__(self, key: int, now_s: float) -> float:
+        span = self.span.get(key)
+        if span is None:
+            return math.inf
+        lo, hi = span
+        i = lo + int(np.searchsorted(self.times[lo:hi], now_s, side="right"))
+        return float(self.times[i]) if i < hi else math.inf
+
+
 def simulate(
     trace: Trace,
     model: ModelSpec,
@@ -132,8 +166,17 @@ def simulate(
     cost = RooflineCostModel(
         model, profile, tp=config.tp, kv_dtype=config.kv_dtype, weight_dtype=config.weight_dtype
     )
-    pool = BlockPool(num_blocks, make_policy(config.policy))
+    policy = make_policy(config.policy)
+    pool = BlockPool(num_blocks, policy, block_bytes)
     source = _TraceRequests(trace, config.block_size)
+    if pool.describes:
+        info = pool.info
+        info.kind_names = SEGMENT_KINDS
+        info.recompute_base_s, info.recompute_per_position_s = cost.block_recompute_s(
+            config.block_size
+        )
+        if policy.needs_future:
+            info.future = FutureUses(source, config.block_size)
     follows = source.next_turns()
     requests = [
         Request(i, int(source.input_tokens[i]), int(source.output_tokens[i]))
@@ -165,7 +208,12 @@ def simulate(
                 lambda _ev, r=requests[nxt]: issue(r)
             )
 
-    replica = Replica(env, config, pool, cost, source.hashes, on_finish)
+    describes = pool.describes
+
+    def load_chain(req: Request) -> None:
+        source.load_chain(req, describes)
+
+    replica = Replica(env, config, pool, cost, load_chain, on_finish)
 
     def arrivals():
         order = np.flatnonzero(~source.closed_loop)

@@ -13,7 +13,7 @@ CACM 2009), plus tensor-parallel all-reduces and a fixed per-iteration overhead:
   (2 (tp-1)/tp of the payload) over the GPU interconnect.
 
 Efficiencies and the overhead come from the profile; measured tables from calibration replace this
-model when a profile carries them (later).
+model when a profile carries them (``kvsim.hardware.measured.make_cost_model``).
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ class _Group:
 
 class RooflineCostModel:
     """Turns a batch (prefill chunks with their context, decode contexts) into seconds."""
+
+    kind = "roofline"  # kvsim.hardware.measured.MeasuredCostModel says "measured"
+    reason = "datasheet roofline"  # why this model was chosen, for the run summary
 
     def __init__(
         self,
@@ -148,6 +151,18 @@ class RooflineCostModel:
         flops = flops + self.linear_flops_per_token * n
         nbytes = nbytes + self.weight_bytes
         return np.cumsum(self._time(flops, nbytes, n))
+
+    def block_recompute_s(self, block_size: int) -> tuple[float, float]:
+        """(base, per position) seconds to recompute one block as part of a prefill, so the
+        block at chain position p costs base + per_position * p. Prefill is compute-bound, so
+        this counts FLOPs: the block's linear layers, and its attention to everything before it
+        (which grows with p: deep blocks cost more, the premise of AsymCache)."""
+        pairs_within = block_size * (block_size + 1) / 2
+        base = (self.linear_flops_per_token * block_size) / self.flops_per_s
+        prefill_pair = sum(g.prefill_flops_per_pair for g in self.groups)
+        base += pairs_within * prefill_pair / self.flops_per_s
+        per_position = block_size * block_size * prefill_pair / self.flops_per_s
+        return base, per_position
 
     def prefill_time_s(self, tokens: int, context: int = 0, chunk: int | None = None) -> float:
         """Seconds to prefill `tokens` after `context` alone, in chunks of at most `chunk`."""

@@ -55,7 +55,7 @@ class _Parents(Sequence[int]):
 class BlockPool:
     """`num_blocks` physical blocks: free (uncached), cached (pinned or evictable), or in use."""
 
-    def __init__(self, num_blocks: int, policy: EvictionPolicy) -> None:
+    def __init__(self, num_blocks: int, policy: EvictionPolicy, block_bytes: int = 1) -> None:
         if num_blocks < 1:
             raise ValueError("a block pool needs at least one block")
         self.num_blocks = num_blocks
@@ -63,7 +63,20 @@ class BlockPool:
         self.free_uncached = num_blocks
         self.refs: dict[int, int] = {}  # block hash -> reference count (0 = evictable)
         self.stats = PoolStats()
-        self.info = BlockInfo()  # reused for every policy call; valid only during the call
+        self.info = BlockInfo(size_bytes=block_bytes)  # reused; valid only during a policy call
+        policy.set_capacity(num_blocks)
+        kind = type(policy)
+        # Policies that read per-block info go through the base class's batch loops; only they
+        # need the chain's block kinds, and only they get `miss` calls (an unread no-op otherwise).
+        self.describes = (
+            kind.add_many is EvictionPolicy.add_many or kind.pin_many is EvictionPolicy.pin_many
+        )
+        self.reports_misses = kind.miss is not EvictionPolicy.miss
+
+    def describe(self, kinds: Sequence[int] | None, request_tokens: int) -> None:
+        """Name the request whose blocks the next calls hand over (for policies that read it)."""
+        self.info.chain_kinds = kinds
+        self.info.request_tokens = request_tokens
 
     # -- queries ---------------------------------------------------------------------------------
     @property
@@ -119,6 +132,14 @@ class BlockPool:
         uncached duplicate, as in vLLM, and is freed as such."""
         refs = self.refs
         keys = hashes[start:end]
+        if self.reports_misses:
+            info = self.info
+            info.now_s = now_s
+            miss = self.policy.miss
+            for position in range(start, end):
+                key = hashes[position]
+                if key not in refs:
+                    miss(key, info.at(key, position, hashes[position - 1] if position else 0))
         if refs.keys().isdisjoint(keys):  # the common case, tested in C
             refs.update(dict.fromkeys(keys, 1))
             fresh = list(range(start, end))
@@ -128,9 +149,7 @@ class BlockPool:
         self.stats.registered += len(fresh)
         return fresh
 
-    def release(
-        self, hashes: list[int], positions: list[int], uncached: int, now_s: float
-    ) -> None:
+    def release(self, hashes: list[int], positions: list[int], uncached: int, now_s: float) -> None:
         """Unpin cached blocks at `positions` of `hashes` deepest-first, and free `uncached`."""
         self.free_uncached += uncached
         if not positions:

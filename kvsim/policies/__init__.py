@@ -77,6 +77,11 @@ def _plugins() -> dict[str, Callable[[], object]]:
     return {ep.name: ep.load for ep in entry_points(group="kvsim.policies")}
 
 
+def builtin_policy_names() -> list[str]:
+    """The policies that ship with kvsim."""
+    return sorted(_BUILTINS)
+
+
 def policy_names() -> list[str]:
     """Every name ``make_policy`` accepts (built-ins and installed plugins)."""
     return sorted(set(_BUILTINS) | set(_plugins()))

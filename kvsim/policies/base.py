@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -49,6 +50,24 @@ class BlockInfo:
     recompute_s: float = 0.0
     next_use: float = math.inf
     request_tokens: int = 0
+    # Set by the tier for the request whose blocks are being handed over; `at` derives the
+    # per-block fields from them, so batch hooks need no per-block arguments.
+    chain_kinds: Sequence[int] | None = None  # kind code of each block of the chain
+    kind_names: Sequence[str] = ()  # code -> kind name
+    recompute_base_s: float = 0.0  # recompute_s = base + per_position * position
+    recompute_per_position_s: float = 0.0
+    future: Callable[[int, float], float] | None = None  # (key, now_s) -> next use time
+
+    def at(self, key: int, position: int, parent: int) -> BlockInfo:
+        """Fill the per-block fields for `key` at `position` of the current chain."""
+        self.position = position
+        self.parent = parent
+        if self.chain_kinds is not None and position < len(self.chain_kinds):
+            self.kind = self.kind_names[self.chain_kinds[position]]
+        self.recompute_s = self.recompute_base_s + self.recompute_per_position_s * position
+        if self.future is not None:
+            self.next_use = self.future(key, self.now_s)
+        return self
 
 
 class EvictionPolicy(ABC):
@@ -84,17 +103,13 @@ class EvictionPolicy(ABC):
         """Several blocks became evictable, in this order; ``positions[i]`` and ``parents[i]``
         describe ``keys[i]`` (the shared ``info`` carries the rest, e.g. ``now_s``)."""
         for key, position, parent in zip(keys, positions, parents, strict=True):
-            info.position = position
-            info.parent = parent
-            self.add(key, info)
+            self.add(key, info.at(key, position, parent))
 
     def pin_many(self, keys: list[int], evictable: list[bool], info: BlockInfo) -> None:
         """A request hit ``keys`` (positions 0, 1, ... of its chain): each is accessed, and
         those with ``evictable[i]`` leave the evictable set (they are pinned now)."""
         for position, (key, was_evictable) in enumerate(zip(keys, evictable, strict=True)):
-            info.position = position
-            info.parent = keys[position - 1] if position else 0
-            self.access(key, info)
+            self.access(key, info.at(key, position, keys[position - 1] if position else 0))
             if was_evictable:
                 self.discard(key)
 
