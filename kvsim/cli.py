@@ -126,62 +126,37 @@ def _default_out() -> Path:
 @click.option("--max-requests", type=int, help="Replay only the first N requests.")
 @click.option("--rate", type=float, help="Session arrival rate (per s) for synthetic traces.")
 @click.option("--rate-scale", type=float, help="Multiply the arrival rate (divide timestamps).")
+@click.option("--arrival", help="Arrival model: replay, poisson, gamma, servegen[:GROUP/CHUNK].")
+@click.option("--cv", type=float, help="Inter-arrival coefficient of variation (gamma).")
+@click.option("--format", "trace_format", help="Trace file format when a path is given.")
+@click.option("--tokenizer", type=click.Path(dir_okay=False), help="tokenizer.json for text.")
+@click.option("--skip-bad-rows", is_flag=True, default=None, help="Skip malformed trace rows.")
 @click.option("--seed", type=int, help="Seed for every random draw. [default: 0]")
 @click.option("--out", type=click.Path(file_okay=False), help="Results folder. [runs/<time>]")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
-def run(
-    config_path,
-    trace,
-    policy,
-    model,
-    hardware,
-    tp,
-    kv_dtype,
-    block_size,
-    max_num_seqs,
-    max_batched_tokens,
-    num_gpu_blocks,
-    no_prefix_caching,
-    max_requests,
-    rate,
-    rate_scale,
-    seed,
-    out,
-    as_json,
-) -> None:
+def run(config_path: str | None, out: str | None, as_json: bool, **options) -> None:
     """Simulate a serving replica on a trace and report TTFT, TPOT, throughput and hit ratio."""
     from kvsim.run import RunConfig, write_outputs
     from kvsim.run import run as run_sim
 
-    _positive("rate", rate)
-    _positive("rate-scale", rate_scale)
-    if max_requests is not None and max_requests < 1:
-        raise KvsimError(f"--max-requests: expected a positive integer, got {max_requests}")
+    _positive("rate", options["rate"])
+    _positive("rate-scale", options["rate_scale"])
+    _positive("cv", options["cv"])
+    if options["max_requests"] is not None and options["max_requests"] < 1:
+        raise KvsimError(
+            f"--max-requests: expected a positive integer, got {options['max_requests']}"
+        )
+    if options.pop("no_prefix_caching"):
+        options["enable_prefix_caching"] = False
+    options["max_num_batched_tokens"] = options.pop("max_batched_tokens")
+    given = {k: v for k, v in options.items() if v is not None}
     base = RunConfig.from_toml(config_path) if config_path else RunConfig()
-    engine_overrides = {
-        "policy": policy,
-        "tp": tp,
-        "kv_dtype": kv_dtype,
-        "block_size": block_size,
-        "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": max_batched_tokens,
-        "num_gpu_blocks": num_gpu_blocks,
-        "seed": seed,
-        "enable_prefix_caching": False if no_prefix_caching else None,
-    }
+    engine_keys = {f.name for f in dataclasses.fields(base.engine)}
     engine = dataclasses.replace(
-        base.engine, **{k: v for k, v in engine_overrides.items() if v is not None}
+        base.engine, **{k: v for k, v in given.items() if k in engine_keys}
     )
-    top = {
-        "trace": trace,
-        "model": model,
-        "hardware": hardware,
-        "max_requests": max_requests,
-        "rate": rate,
-        "rate_scale": rate_scale,
-    }
     config = dataclasses.replace(
-        base, engine=engine, **{k: v for k, v in top.items() if v is not None}
+        base, engine=engine, **{k: v for k, v in given.items() if k not in engine_keys}
     )
     progress = _Progress()
     try:
@@ -278,6 +253,17 @@ def profile_validate(path: str) -> None:
 
     prof = validate_profile(path)
     click.echo(f"{path}: ok ({prof.name}, {len(prof.tiers)} tiers)")
+
+
+def _register_subcommands() -> None:
+    from kvsim.mrc.cli import mrc
+    from kvsim.traces.cli import trace
+
+    cli.add_command(mrc)
+    cli.add_command(trace)
+
+
+_register_subcommands()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,6 +35,11 @@ class RunConfig:
     max_requests: int | None = None
     rate: float | None = None
     rate_scale: float = 1.0
+    arrival: str | None = None
+    cv: float | None = None
+    trace_format: str | None = None
+    tokenizer: str | None = None
+    skip_bad_rows: bool = False
     model: str = "llama-3.1-8b"
     hardware: str = "h100-sxm"
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -46,6 +51,11 @@ class RunConfig:
                 "max_requests": self.max_requests,
                 "rate": self.rate,
                 "rate_scale": self.rate_scale,
+                "arrival": self.arrival,
+                "cv": self.cv,
+                "format": self.trace_format,
+                "tokenizer": self.tokenizer,
+                "skip_bad_rows": self.skip_bad_rows,
             },
             "model": {"name": self.model},
             "hardware": {"profile": self.hardware},
@@ -75,6 +85,11 @@ class RunConfig:
                 max_requests=trace.get("max_requests"),
                 rate=trace.get("rate"),
                 rate_scale=trace.get("rate_scale", 1.0),
+                arrival=trace.get("arrival"),
+                cv=trace.get("cv"),
+                trace_format=trace.get("format"),
+                tokenizer=trace.get("tokenizer"),
+                skip_bad_rows=trace.get("skip_bad_rows", False),
                 model=doc.get("model", {}).get("name", cls.model),
                 hardware=doc.get("hardware", {}).get("profile", cls.hardware),
                 engine=EngineConfig(**engine),
@@ -100,10 +115,16 @@ def run(config: RunConfig, progress: ProgressFn | None = None) -> RunOutcome:
         rate=config.rate,
         rate_scale=config.rate_scale,
         seed=config.engine.seed,
+        arrival=config.arrival,
+        cv=config.cv,
+        format=config.trace_format,
+        tokenizer=config.tokenizer,
+        skip_bad_rows=config.skip_bad_rows,
     )
     result = simulate(trace, model, profile, config.engine, progress=progress)
     summary = {
         "trace": config.trace,
+        "skipped_rows": trace.skipped_rows,
         "model": model.name,
         "hardware": profile.name,
         "policy": config.engine.policy,

@@ -51,9 +51,14 @@ def col(trace, name):
 
 def test_names():
     assert trace_names() == [
+        "agentic",
+        "azure-code",
+        "azure-conv",
+        "lmsys",
         "mooncake-arxiv-1000",
         "mooncake-conversation",
         "mooncake-synthetic",
+        "pi-coding-agent",
         "sharegpt",
     ]
 
@@ -64,7 +69,7 @@ def test_every_named_trace_is_canonical():
         assert trace.table.schema.remove_metadata().equals(TRACE_SCHEMA)
         validate_trace(trace.table, name)
         assert trace.name == name
-        assert len(trace) == 200
+        assert len(trace) == min(200, len(load_trace(name)))
         assert trace.description
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from kvsim.errors import TraceError
 from kvsim.traces.blocks import mix
+from kvsim.traces.common import RowErrors
 from kvsim.traces.schema import KIND_CODES, Trace, make_trace_table
 
 __all__ = ["MOONCAKE_BLOCK_TOKENS", "load_mooncake"]
@@ -39,7 +40,44 @@ def _is_int(value: object) -> bool:
     return type(value) is int
 
 
-def _parse(path: Path, shown: str, max_requests: int | None) -> tuple[list, list, list, list]:
+def _check_row(raw: bytes, where: str) -> str | tuple:
+    """The row's (timestamp, input, output, hash ids), or the one-line error message."""
+    try:
+        row = json.loads(raw)
+    except ValueError as exc:
+        return f"{where}: not valid JSON: {exc}"
+    if not isinstance(row, dict):
+        return f"{where}: expected a JSON object, got {type(row).__name__}"
+    for field in _FIELDS:
+        if field not in row:
+            return f"{where}: field {field!r}: missing"
+    ts = row["timestamp"]
+    if type(ts) not in (int, float) or not (0 <= ts < float("inf")):
+        return str(_bad(where, "timestamp", "a non-negative number of milliseconds", ts))
+    n_in, n_out, hashes = row["input_length"], row["output_length"], row["hash_ids"]
+    if not _is_int(n_in) or n_in < 0:
+        return str(_bad(where, "input_length", "a non-negative integer", n_in))
+    if not _is_int(n_out) or n_out < 1:
+        return str(_bad(where, "output_length", "a positive integer", n_out))
+    if type(hashes) is not list or not all(_is_int(h) and h >= 0 for h in hashes):
+        return str(_bad(where, "hash_ids", "a list of non-negative integers", hashes))
+    blocks = -(-n_in // MOONCAKE_BLOCK_TOKENS)
+    if len(hashes) != blocks:
+        return str(
+            _bad(
+                where,
+                "hash_ids",
+                f"ceil(input_length / {MOONCAKE_BLOCK_TOKENS}) = {blocks} ids",
+                f"{len(hashes)} ids",
+            )
+        )
+    return ts, n_in, n_out, hashes
+
+
+def _parse(
+    path: Path, shown: str, max_requests: int | None, errors: RowErrors | None = None
+) -> tuple[list, list, list, list]:
+    errors = errors or RowErrors()
     timestamps: list[float] = []
     inputs: list[int] = []
     outputs: list[int] = []
@@ -55,33 +93,11 @@ def _parse(path: Path, shown: str, max_requests: int | None) -> tuple[list, list
             if not raw.strip():
                 continue
             where = f"{shown}:{line_no}"
-            try:
-                row = json.loads(raw)
-            except ValueError as exc:
-                raise TraceError(f"{where}: not valid JSON: {exc}") from None
-            if not isinstance(row, dict):
-                raise TraceError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            for field in _FIELDS:
-                if field not in row:
-                    raise TraceError(f"{where}: field {field!r}: missing")
-            ts = row["timestamp"]
-            if type(ts) not in (int, float) or not (0 <= ts < float("inf")):
-                raise _bad(where, "timestamp", "a non-negative number of milliseconds", ts)
-            n_in, n_out, hashes = row["input_length"], row["output_length"], row["hash_ids"]
-            if not _is_int(n_in) or n_in < 0:
-                raise _bad(where, "input_length", "a non-negative integer", n_in)
-            if not _is_int(n_out) or n_out < 1:
-                raise _bad(where, "output_length", "a positive integer", n_out)
-            if type(hashes) is not list or not all(_is_int(h) and h >= 0 for h in hashes):
-                raise _bad(where, "hash_ids", "a list of non-negative integers", hashes)
-            blocks = -(-n_in // MOONCAKE_BLOCK_TOKENS)
-            if len(hashes) != blocks:
-                raise _bad(
-                    where,
-                    "hash_ids",
-                    f"ceil(input_length / {MOONCAKE_BLOCK_TOKENS}) = {blocks} ids",
-                    f"{len(hashes)} ids",
-                )
+            problem = _check_row(raw, where)
+            if isinstance(problem, str):
+                errors.bad(problem)
+                continue
+            ts, n_in, n_out, hashes = problem
             timestamps.append(ts)
             inputs.append(n_in)
             outputs.append(n_out)
@@ -97,6 +113,7 @@ def load_mooncake(
     max_requests: int | None = None,
     rate: float | None = None,
     rate_scale: float = 1.0,
+    errors: RowErrors | None = None,
 ) -> Trace:
     """Load a Mooncake-format JSONL file; `max_requests` keeps the first N rows.
 
@@ -106,7 +123,7 @@ def load_mooncake(
     """
     path = Path(path)
     shown = shown or str(path)
-    ts, inputs, outputs, ids = _parse(path, shown, max_requests)
+    ts, inputs, outputs, ids = _parse(path, shown, max_requests, errors)
     n = len(inputs)
     if n == 0:
         raise TraceError(f"{shown}: no requests")

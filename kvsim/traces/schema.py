@@ -13,7 +13,8 @@ new loader and nothing else. Columns (sorted by `arrival_s`, then `request_id`):
 - `output_hash` uint64: content hash of the reply (0: not content-addressed).
 
 Schema metadata: `kvsim.trace_name`, `kvsim.native_block_size` (absent when the source has none),
-`kvsim.description` (one line on what is real and what is drawn).
+`kvsim.description` (one line on what is real and what is drawn), `kvsim.skipped_rows` (malformed
+source rows left out under `skip_bad_rows`; absent when none).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ KIND_CODES = {kind: code for code, kind in enumerate(SEGMENT_KINDS)}
 META_NAME = b"kvsim.trace_name"
 META_BLOCK = b"kvsim.native_block_size"
 META_DESCRIPTION = b"kvsim.description"
+META_SKIPPED = b"kvsim.skipped_rows"
 
 SEGMENT_TYPE = pa.struct(
     [
@@ -80,6 +82,7 @@ class Trace:
     name: str
     native_block_size: int | None
     description: str
+    skipped_rows: int = 0  # malformed source rows left out under skip_bad_rows
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -99,6 +102,7 @@ class Trace:
             name=meta.get(META_NAME, b"").decode(),
             native_block_size=native,
             description=meta.get(META_DESCRIPTION, b"").decode(),
+            skipped_rows=int(meta.get(META_SKIPPED, b"0") or 0),
         )
 
 

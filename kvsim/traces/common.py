@@ -1,0 +1,222 @@
+"""Pieces every loader shares: bad-row handling, request columns, the chat-history builder.
+
+Loaders produce `Requests` chunks (flat numpy columns, unsorted, request ids not yet assigned);
+`to_table` turns them into the canonical table, and `kvsim.traces.convert` streams them to Parquet
+in arrival order without holding the whole trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from kvsim.errors import TraceError
+from kvsim.traces.schema import KIND_CODES, make_trace_table
+
+__all__ = ["ChatMessages", "Chunked", "Requests", "RowErrors", "chat_requests", "closed_loop_times"]
+
+
+@dataclass
+class RowErrors:
+    """Bad-row policy: raise a one-line TraceError, or (with `skip`) count and go on."""
+
+    skip: bool = False
+    count: int = 0
+    first: str | None = None
+
+    def bad(self, message: str) -> None:
+        if not self.skip:
+            raise TraceError(message)
+        self.count += 1
+        if self.first is None:
+            self.first = message
+
+
+def _i64(values: Iterable | np.ndarray) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
+@dataclass
+class Requests:
+    """Requests as flat columns; `seg_offsets` delimits each row's segments (rows + 1 entries)."""
+
+    session_id: np.ndarray
+    turn: np.ndarray
+    arrival_s: np.ndarray
+    think_time_s: np.ndarray  # NaN = null
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    seg_offsets: np.ndarray
+    seg_hashes: np.ndarray
+    seg_tokens: np.ndarray
+    seg_kinds: np.ndarray
+    output_hash: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.session_id.size)
+
+    @classmethod
+    def empty(cls) -> Requests:
+        z = np.zeros(0, np.int64)
+        return cls(z, z, np.zeros(0), np.zeros(0), z, z, np.zeros(1, np.int64), z.astype(np.uint64),
+                   z, z.astype(np.uint8), z.astype(np.uint64))  # fmt: skip
+
+    @classmethod
+    def concat(cls, parts: list[Requests]) -> Requests:
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return cls.empty()
+        if len(parts) == 1:
+            return parts[0]
+        shift = np.cumsum([0] + [int(p.seg_offsets[-1]) for p in parts[:-1]])
+        offsets = np.concatenate(
+            [[0]] + [p.seg_offsets[1:] + s for p, s in zip(parts, shift, strict=True)]
+        )
+        cat = {
+            name: np.concatenate([getattr(p, name) for p in parts])
+            for name in (
+                "session_id", "turn", "arrival_s", "think_time_s", "input_tokens",
+                "output_tokens", "seg_hashes", "seg_tokens", "seg_kinds", "output_hash",
+            )
+        }  # fmt: skip
+        return cls(seg_offsets=offsets.astype(np.int64), **cat)
+
+    def take(self, rows: np.ndarray) -> Requests:
+        """The given rows (a boolean mask or indices), segments included."""
+        rows = np.flatnonzero(rows) if rows.dtype == bool else np.asarray(rows, np.int64)
+        counts = np.diff(self.seg_offsets)[rows]
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        src = np.repeat(self.seg_offsets[rows] - offsets[:-1], counts) + np.arange(offsets[-1])
+        return Requests(
+            self.session_id[rows], self.turn[rows], self.arrival_s[rows], self.think_time_s[rows],
+            self.input_tokens[rows], self.output_tokens[rows], offsets, self.seg_hashes[src],
+            self.seg_tokens[src], self.seg_kinds[src], self.output_hash[rows],
+        )  # fmt: skip
+
+    def order(self) -> np.ndarray:
+        """Canonical row order: arrival, then session, then turn (so ids keep turns in order)."""
+        return np.lexsort((self.turn, self.session_id, self.arrival_s))
+
+    def to_table(
+        self, *, name: str, native_block_size: int | None, description: str, first_id: int = 0
+    ) -> pa.Table:
+        """Canonical table; request ids are assigned in canonical order starting at `first_id`."""
+        n = len(self)
+        request_id = np.empty(n, np.int64)
+        request_id[self.order()] = np.arange(first_id, first_id + n)
+        return make_trace_table(
+            request_id=request_id,
+            session_id=self.session_id,
+            turn=self.turn.astype(np.int32),
+            arrival_s=self.arrival_s,
+            think_time_s=self.think_time_s,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            seg_offsets=self.seg_offsets,
+            seg_hashes=self.seg_hashes,
+            seg_tokens=self.seg_tokens,
+            seg_kinds=self.seg_kinds,
+            output_hash=self.output_hash,
+            name=name,
+            native_block_size=native_block_size,
+            description=description,
+        )
+
+
+@dataclass
+class Chunked:
+    """A source read as a stream of `Requests` chunks.
+
+    After each chunk, `frontier` is a time such that every row of every later chunk arrives at or
+    after it; the streaming writer emits rows earlier than the frontier and holds the rest.
+    """
+
+    chunks: Iterator[tuple[Requests, float]]
+    name: str
+    native_block_size: int | None
+    description: str
+    errors: RowErrors = field(default_factory=RowErrors)
+
+
+@dataclass
+class ChatMessages:
+    """Messages of many conversations, flat: conversation `c` owns `offsets[c]:offsets[c+1]`.
+
+    `kinds` are segment kind codes; an `assistant` message is a model call whose prompt is every
+    earlier message of its conversation and whose reply is the message itself.
+    """
+
+    offsets: np.ndarray
+    kinds: np.ndarray
+    tokens: np.ndarray
+    hashes: np.ndarray
+
+
+def chat_requests(msgs: ChatMessages, session_ids: np.ndarray) -> Requests:
+    """One request per assistant message that has a prompt before it (vectorised, no row loop).
+
+    Non-reply messages with 0 tokens are dropped; a reply counts at least 1 token, and the same
+    (hash, tokens) segment reappears in later prompts, so the next call reuses its KV. Times are
+    left at 0 / NaN: the caller fills them (`closed_loop_times`, or real timestamps).
+    """
+    kinds = np.asarray(msgs.kinds, np.uint8)
+    tokens = _i64(msgs.tokens)
+    hashes = np.asarray(msgs.hashes, np.uint64)
+    n_conv = msgs.offsets.size - 1
+    conv = np.repeat(np.arange(n_conv, dtype=np.int64), np.diff(msgs.offsets))
+    is_reply = kinds == KIND_CODES["assistant"]
+    keep = is_reply | (tokens > 0)
+    tokens = np.where(is_reply, np.maximum(tokens, 1), tokens)
+    kinds, tokens, hashes, conv = kinds[keep], tokens[keep], hashes[keep], conv[keep]
+    is_reply = is_reply[keep]
+    start = np.searchsorted(conv, np.arange(n_conv), side="left")
+    pos = np.arange(conv.size, dtype=np.int64)
+    calls = np.flatnonzero(is_reply & (pos > start[conv]))
+    call_conv = conv[calls]
+    counts = calls - start[call_conv]
+    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    src = np.repeat(start[call_conv] - offsets[:-1], counts) + np.arange(offsets[-1])
+    seg_tokens = tokens[src]
+    input_tokens = np.add.reduceat(seg_tokens, offsets[:-1]) if calls.size else _i64([])
+    first_call = np.concatenate(([True], call_conv[1:] != call_conv[:-1])) if calls.size else calls
+    group = np.maximum.accumulate(np.where(first_call, np.arange(calls.size), 0))
+    turn = np.arange(calls.size, dtype=np.int64) - group
+    return Requests(
+        session_id=_i64(session_ids)[call_conv],
+        turn=turn,
+        arrival_s=np.zeros(calls.size),
+        think_time_s=np.full(calls.size, np.nan),
+        input_tokens=_i64(input_tokens),
+        output_tokens=tokens[calls],
+        seg_offsets=offsets,
+        seg_hashes=hashes[src],
+        seg_tokens=seg_tokens,
+        seg_kinds=kinds[src],
+        output_hash=hashes[calls],
+    )
+
+
+def closed_loop_times(
+    req: Requests,
+    session_start: np.ndarray,
+    think_s: np.ndarray,
+    s_per_output_token: float = 0.02,
+) -> None:
+    """Fill times in place: turn 0 at its session's start; later turns closed-loop with `think_s`.
+
+    `session_start` is indexed by row (the start of each row's session); `think_s` by row too (only
+    rows with turn > 0 are used). Nominal `arrival_s` of a later turn is the previous turn's
+    arrival + `s_per_output_token` x its reply + the think time (prefill and queueing ignored).
+    Rows must be grouped by session in turn order.
+    """
+    later = req.turn > 0
+    step = np.zeros(len(req))
+    idx = np.flatnonzero(later)
+    step[idx] = s_per_output_token * req.output_tokens[idx - 1] + think_s[idx]
+    run = np.cumsum(step)
+    first = np.maximum.accumulate(np.where(~later, np.arange(len(req)), 0))
+    req.arrival_s = np.asarray(session_start, np.float64) + run - run[first]
+    req.think_time_s = np.where(later, think_s, np.nan)

@@ -1,0 +1,160 @@
+"""Shared reading for the CSV trace formats (Azure LLM inference, BurstGPT).
+
+Cells are read as strings with pyarrow and checked with vectorised patterns, so a multi-million-row
+file is read at C speed while an error still names the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from kvsim.errors import TraceError
+from kvsim.traces.blocks import mix
+from kvsim.traces.common import Requests, RowErrors
+from kvsim.traces.schema import KIND_CODES
+
+__all__ = ["CsvColumns", "read_csv_strings", "single_turn_requests"]
+
+INT_RE = r"^\s*\d+\s*$"
+NUMBER_RE = r"^\s*\d+(\.\d*)?([eE][+-]?\d+)?\s*$"
+DATETIME_RE = r"^\s*\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:?\d{2})?\s*$"
+
+
+@dataclass
+class CsvColumns:
+    """String columns of a CSV file plus the 1-based file line of each row."""
+
+    columns: dict[str, pa.Array]
+    lines: np.ndarray
+    shown: str
+
+    def __len__(self) -> int:
+        return int(self.lines.size)
+
+
+def read_csv_strings(path: Path, shown: str, required: tuple[str, ...]) -> CsvColumns:
+    """All cells as strings; a row with the wrong number of fields is reported by its line."""
+    short: list[int] = []
+
+    def on_invalid(row: pacsv.InvalidRow) -> str:
+        short.append(row.number if row.number is not None else -1)
+        return "skip"
+
+    try:
+        head = path.open("rb").readline().decode("utf-8", "replace")
+    except OSError as exc:
+        raise TraceError(f"{shown}: cannot open: {exc.strerror}") from None
+    names = [h.strip() for h in head.rstrip("\r\n").split(",")]
+    for name in required:
+        if name not in names:
+            raise TraceError(f"{shown}:1: field {name!r}: missing from the header")
+    try:
+        table = pacsv.read_csv(
+            path,
+            read_options=pacsv.ReadOptions(column_names=names, skip_rows=1),
+            parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
+            convert_options=pacsv.ConvertOptions(
+                column_types={n: pa.string() for n in names}, strings_can_be_null=False
+            ),
+        )
+    except pa.ArrowInvalid as exc:
+        raise TraceError(f"{shown}: cannot parse as CSV: {exc}") from None
+    if short:
+        line = short[0] if short[0] > 0 else _first_bad_line(path, len(names))
+        raise TraceError(f"{shown}:{line}: expected {len(names)} fields ({', '.join(names)})")
+    lines = np.arange(table.num_rows, dtype=np.int64) + 2
+    cols = {n: table.column(n).combine_chunks() for n in names}
+    return CsvColumns(cols, lines, shown)
+
+
+def _first_bad_line(path: Path, fields: int) -> int:
+    """The line of the first row with the wrong field count (only run on the error path)."""
+    import csv
+
+    with path.open(newline="", encoding="utf-8", errors="replace") as handle:
+        reader = csv.reader(handle)
+        next(reader, None)
+        for row in reader:
+            if len(row) != fields:
+                return reader.line_num
+    return -1
+
+
+def check_pattern(
+    csv: CsvColumns, field: str, pattern: str, expected: str, bad: np.ndarray
+) -> list[tuple[int, str]]:
+    """Mark rows whose `field` misses `pattern` in `bad`; return the first as (row, message)."""
+    col = csv.columns[field]
+    ok = pc.match_substring_regex(col, pattern).fill_null(False).to_numpy(zero_copy_only=False)
+    miss = ~ok
+    if not miss.any():
+        return []
+    bad |= miss
+    row = int(np.flatnonzero(miss)[0])
+    value = col[row].as_py()
+    what = "missing" if value.strip() == "" else f"expected {expected}, got {value!r}"
+    return [(row, f"{csv.shown}:{csv.lines[row]}: field {field!r}: {what}")]
+
+
+def report(csv: CsvColumns, bad: np.ndarray, firsts: list[tuple[int, str]], errors: RowErrors):
+    """Raise for the earliest bad row, or (skipping) count the bad rows and return the good mask."""
+    if firsts:
+        firsts.sort()
+        if not errors.skip:
+            raise TraceError(firsts[0][1])
+        errors.count += int(bad.sum())
+        errors.first = errors.first or firsts[0][1]
+    return ~bad
+
+
+def to_int(col: pa.Array) -> np.ndarray:
+    return pc.cast(pc.utf8_trim_whitespace(col), pa.int64()).to_numpy(zero_copy_only=False)
+
+
+def to_float(col: pa.Array) -> np.ndarray:
+    return pc.cast(pc.utf8_trim_whitespace(col), pa.float64()).to_numpy(zero_copy_only=False)
+
+
+def to_epoch_s(col: pa.Array) -> np.ndarray:
+    """ISO-like date-times (with or without fraction and UTC offset) to seconds since the epoch."""
+    col = pc.utf8_trim_whitespace(col)
+    has_zone = pc.match_substring_regex(col, r"(Z|[+-]\d{2}:?\d{2})$")
+    zoned = pc.if_else(has_zone, col, pc.binary_join_element_wise(col, "+00:00", ""))
+    ns = pc.cast(zoned, pa.timestamp("ns", tz="UTC")).cast(pa.int64())
+    return ns.to_numpy(zero_copy_only=False) / 1e9
+
+
+def single_turn_requests(
+    arrival_s: np.ndarray,
+    input_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    session_id: np.ndarray,
+    turn: np.ndarray,
+    domain: int,
+) -> Requests:
+    """One opaque segment per non-empty prompt, with a hash no other request shares."""
+    n = arrival_s.size
+    inputs = np.asarray(input_tokens, np.int64)
+    has = inputs > 0
+    offsets = np.concatenate(([0], np.cumsum(has))).astype(np.int64)
+    rows = np.flatnonzero(has).astype(np.uint64)
+    hashes = mix(np.uint64(domain), rows + np.uint64(1), np.zeros(1, np.uint64))
+    return Requests(
+        session_id=np.asarray(session_id, np.int64),
+        turn=np.asarray(turn, np.int64),
+        arrival_s=np.asarray(arrival_s, np.float64),
+        think_time_s=np.full(n, np.nan),
+        input_tokens=inputs,
+        output_tokens=np.asarray(output_tokens, np.int64),
+        seg_offsets=offsets,
+        seg_hashes=hashes if rows.size else np.zeros(0, np.uint64),
+        seg_tokens=inputs[has],
+        seg_kinds=np.full(rows.size, KIND_CODES["opaque"], np.uint8),
+        output_hash=np.zeros(n, np.uint64),
+    )

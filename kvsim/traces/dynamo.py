@@ -1,0 +1,187 @@
+"""Dynamo agent request traces (`dynamo.request.trace.v1` JSONL, optionally gzip) → canonical.
+
+Each line is `{"timestamp": ms, "event": {...}}`. `request_end` events are model calls: real token
+counts, the time the request was received, and `replay.input_sequence_hashes`, one chained hash per
+`trace_block_size` (16) tokens of the prompt, the last block partial. Each hash becomes one segment
+of that many tokens (the last holds the remainder), so at the native block size kvsim's block
+hashes match the source's blocks one for one. Tool events (`tool_start`/`tool_end`/`tool_error`)
+carry durations; a session's later calls are closed-loop, issued `think_time_s` after the previous
+call ended, where think time is the measured gap (tool execution, including a subagent tool's whole
+run, plus harness overhead). Subagents (`parent_session_id`) are sessions of their own; their
+prompts share the root's prefix blocks through the real hashes. The parent link is kept in the
+description, not as a column. Replies are not content-addressed in this format (`output_hash` 0).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+
+from kvsim.errors import TraceError
+from kvsim.traces.blocks import mix
+from kvsim.traces.common import Chunked, Requests, RowErrors
+from kvsim.traces.schema import KIND_CODES
+
+__all__ = ["DYNAMO_SCHEMA", "read_dynamo"]
+
+DYNAMO_SCHEMA = "dynamo.request.trace.v1"
+_DOMAIN = np.uint64(0x44796E616D6F)  # "Dynamo"
+_TOOL_EVENTS = ("tool_start", "tool_end", "tool_error")
+
+
+def _open(path: Path, shown: str):
+    try:
+        with path.open("rb") as probe:
+            magic = probe.read(2)
+        return gzip.open(path, "rb") if magic == b"\x1f\x8b" else path.open("rb")
+    except OSError as exc:
+        raise TraceError(f"{shown}: cannot open: {exc.strerror}") from None
+
+
+def _num(value: object) -> bool:
+    return type(value) in (int, float) and value == value and abs(value) != float("inf")
+
+
+def read_dynamo(
+    path: str | Path, *, name: str | None = None, shown: str | None = None,
+    skip_bad_rows: bool = False,
+) -> Chunked:  # fmt: skip
+    """Read a Dynamo request-trace file as one chunk (agent traces are small)."""
+    path = Path(path)
+    shown = shown or str(path)
+    errors = RowErrors(skip=skip_bad_rows)
+    rows: list[dict] = []
+    tools: dict[str, list[float]] = {}
+    parents: dict[str, str] = {}
+    block: int | None = None
+    with _open(path, shown) as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            where = f"{shown}:{line_no}"
+            try:
+                rec = json.loads(raw)
+            except (ValueError, EOFError) as exc:
+                errors.bad(f"{where}: not valid JSON: {exc}")
+                continue
+            event = rec.get("event") if isinstance(rec, dict) else None
+            if not isinstance(event, dict):
+                errors.bad(f"{where}: field 'event': missing")
+                continue
+            ts = rec.get("timestamp")
+            if not _num(ts) or ts < 0:
+                errors.bad(
+                    f"{where}: field 'timestamp': expected a non-negative number, got {ts!r}"
+                )
+                continue
+            ctx = event.get("agent_context") or {}
+            session = ctx.get("session_id")
+            if not isinstance(session, str):
+                errors.bad(f"{where}: field 'agent_context.session_id': missing")
+                continue
+            if isinstance(ctx.get("parent_session_id"), str):
+                parents[session] = ctx["parent_session_id"]
+            kind = event.get("event_type")
+            if kind in _TOOL_EVENTS:
+                tool = event.get("tool") or {}
+                if kind != "tool_start" and _num(tool.get("duration_ms")):
+                    tools.setdefault(session, []).append(float(tool["duration_ms"]))
+                continue
+            if kind != "request_end":
+                continue
+            req = event.get("request")
+            if not isinstance(req, dict):
+                errors.bad(f"{where}: field 'request': missing")
+                continue
+            replay = req.get("replay") or {}
+            n_in, n_out = req.get("input_tokens"), req.get("output_tokens")
+            hashes = replay.get("input_sequence_hashes")
+            size = replay.get("trace_block_size")
+            problem = None
+            if type(n_in) is not int or n_in < 0:
+                problem = (
+                    f"field 'request.input_tokens': expected a non-negative integer, got {n_in!r}"
+                )
+            elif type(n_out) is not int or n_out < 0:
+                problem = (
+                    f"field 'request.output_tokens': expected a non-negative integer, got {n_out!r}"
+                )
+            elif type(size) is not int or size < 1:
+                problem = (
+                    f"field 'replay.trace_block_size': expected a positive integer, got {size!r}"
+                )
+            elif block is not None and size != block:
+                problem = (
+                    f"field 'replay.trace_block_size': {size} differs from earlier rows' {block}"
+                )
+            elif type(hashes) is not list or not all(type(h) is int and h >= 0 for h in hashes):
+                problem = (
+                    "field 'replay.input_sequence_hashes': expected a list of non-negative integers"
+                )
+            elif len(hashes) != -(-n_in // size):
+                problem = (
+                    f"field 'replay.input_sequence_hashes': expected ceil(input_tokens / "
+                    f"{size}) = {-(-n_in // size)} hashes, got {len(hashes)}"
+                )
+            if problem:
+                errors.bad(f"{where}: {problem}")
+                continue
+            block = size
+            received = req.get("request_received_ms")
+            event_ms = event.get("event_time_unix_ms")
+            total = req.get("total_time_ms")
+            if _num(received) and _num(event_ms):
+                start_ms = ts - (event_ms - received)
+            elif _num(total):
+                start_ms = ts - total
+            else:
+                start_ms = ts
+            rows.append({"session": session, "start": start_ms, "end": ts, "in": n_in,
+                         "out": max(n_out, 1), "hashes": hashes})  # fmt: skip
+    if not rows:
+        raise TraceError(f"{shown}: no request_end events")
+    rows.sort(key=lambda r: (r["start"], r["end"]))
+    names: dict[str, int] = {}
+    last_end: dict[str, float] = {}
+    turns: dict[str, int] = {}
+    n = len(rows)
+    session = np.empty(n, np.int64)
+    turn = np.empty(n, np.int64)
+    arrival = np.empty(n)
+    think = np.full(n, np.nan)
+    t0 = rows[0]["start"]
+    for i, r in enumerate(rows):
+        s = r["session"]
+        session[i] = names.setdefault(s, len(names))
+        turn[i] = turns.get(s, 0)
+        turns[s] = turn[i] + 1
+        arrival[i] = (r["start"] - t0) / 1000.0
+        if turn[i] > 0:
+            think[i] = max(0.0, (r["start"] - last_end[s]) / 1000.0)
+        last_end[s] = r["end"]
+    counts = np.array([len(r["hashes"]) for r in rows], np.int64)
+    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    flat = np.fromiter((h for r in rows for h in r["hashes"]), np.uint64, int(offsets[-1]))
+    inputs = np.array([r["in"] for r in rows], np.int64)
+    seg_tokens = np.full(flat.size, block, np.int64)
+    has = counts > 0
+    seg_tokens[offsets[1:][has] - 1] = inputs[has] - block * (counts[has] - 1)
+    req = Requests(
+        session_id=session, turn=turn, arrival_s=arrival, think_time_s=think,
+        input_tokens=inputs, output_tokens=np.array([r["out"] for r in rows], np.int64),
+        seg_offsets=offsets, seg_hashes=mix(_DOMAIN, flat, np.zeros(1, np.uint64)),
+        seg_tokens=seg_tokens, seg_kinds=np.full(flat.size, KIND_CODES["opaque"], np.uint8),
+        output_hash=np.zeros(n, np.uint64),
+    )  # fmt: skip
+    n_tools = sum(len(v) for v in tools.values())
+    links = "; ".join(f"{k} <- {v}" for k, v in sorted(parents.items()))
+    description = (
+        f"Dynamo agent trace {path.name}: real calls, token counts, {block}-token prefix hashes, "
+        f"arrivals and tool gaps ({n_tools} tool calls) as think time; "
+        f"{len(names)} sessions" + (f" (subagent <- parent: {links})" if links else "")
+    )
+    return Chunked(iter([(req, np.inf)]), name or path.name.split(".")[0], block, description,
+                   errors)  # fmt: skip

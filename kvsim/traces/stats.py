@@ -1,0 +1,91 @@
+"""Trace statistics, including the reuse ceiling: the best prefix hit ratio any cache could reach.
+
+Reuse ceiling: requests in arrival order against an infinite cache at one block size. A prompt's
+full block hits when an earlier request's prompt or reply (when content-addressed) produced the
+same block hash; since block hashes name the whole prefix, the hits are a prefix of the prompt.
+Token-weighted: hit blocks x block size / all prompt tokens. Partial last blocks never hit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvsim.traces.blocks import batch_block_hashes
+from kvsim.traces.schema import Trace, segment_columns
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "reuse_ceiling", "trace_stats"]
+
+DEFAULT_BLOCK_SIZE = 16
+_PCTS = (50, 90, 99)
+
+
+def reuse_ceiling(trace: Trace, block_size: int) -> tuple[float, float]:
+    """(token-weighted, block-weighted) prefix hit ratio with an infinite cache."""
+    table = trace.table
+    seg = segment_columns(table)
+    out_hash = table.column("output_hash").to_numpy()
+    out_tok = table.column("output_tokens").to_numpy().astype(np.int64)
+    inputs = table.column("input_tokens").to_numpy().astype(np.int64)
+    n = table.num_rows
+    # Append each content-addressed reply as one more segment: the sequence that gets cached.
+    extra = (out_hash != 0).astype(np.int64)
+    counts = np.diff(seg.offsets) + extra
+    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    hashes = np.empty(offsets[-1], np.uint64)
+    tokens = np.empty(offsets[-1], np.int64)
+    own = np.repeat(np.arange(n), np.diff(seg.offsets))
+    dst = offsets[own] + (np.arange(seg.hashes.size) - seg.offsets[own])
+    hashes[dst], tokens[dst] = seg.hashes, seg.tokens
+    last = offsets[1:][extra > 0] - 1
+    hashes[last], tokens[last] = out_hash[extra > 0], out_tok[extra > 0]
+    b_off, b_hash = batch_block_hashes(offsets, hashes, tokens, block_size)
+    row = np.repeat(np.arange(n), np.diff(b_off))
+    k = np.arange(b_hash.size) - b_off[row]
+    in_prompt = k < (inputs // block_size)[row]
+    _, first_idx, inverse = np.unique(b_hash, return_index=True, return_inverse=True)
+    first_row = row[first_idx][inverse]
+    hit = in_prompt & (first_row < row)
+    total_tokens = int(inputs.sum())
+    token_ratio = int(hit.sum()) * block_size / total_tokens if total_tokens else 0.0
+    # Block-weighted over all prompt blocks, the last partial one included.
+    all_blocks = int((-(-inputs // block_size)).sum())
+    block_ratio = int(hit.sum()) / all_blocks if all_blocks else 0.0
+    return token_ratio, block_ratio
+
+
+def _cv(values: np.ndarray) -> float:
+    return float(values.std() / values.mean()) if values.size > 1 and values.mean() > 0 else 0.0
+
+
+def trace_stats(trace: Trace, block_size: int | None = None) -> dict:
+    """One flat dict of figures (JSON-ready)."""
+    table = trace.table
+    inputs = table.column("input_tokens").to_numpy().astype(np.int64)
+    outputs = table.column("output_tokens").to_numpy().astype(np.int64)
+    arrival = table.column("arrival_s").to_numpy()
+    turn = table.column("turn").to_numpy()
+    sessions = int(np.unique(table.column("session_id").to_numpy()).size)
+    block = block_size or trace.native_block_size or DEFAULT_BLOCK_SIZE
+    token_ratio, block_ratio = reuse_ceiling(trace, block)
+    gaps = np.diff(np.sort(arrival[turn == 0])) if sessions > 2 else np.zeros(0)
+    stats = {
+        "name": trace.name,
+        "description": trace.description,
+        "requests": int(table.num_rows),
+        "sessions": sessions,
+        "turns_per_session": table.num_rows / sessions if sessions else 0.0,
+        "max_turns": int(turn.max()) + 1 if turn.size else 0,
+        "duration_s": float(arrival.max() - arrival.min()) if arrival.size else 0.0,
+        "input_tokens_mean": float(inputs.mean()) if inputs.size else 0.0,
+        "output_tokens_mean": float(outputs.mean()) if outputs.size else 0.0,
+        "session_interarrival_cv": _cv(gaps),
+        "block_size": block,
+        "reuse_ceiling": token_ratio,
+        "reuse_ceiling_blocks": block_ratio,
+        "skipped_rows": trace.skipped_rows,
+    }
+    for label, values in (("input_tokens", inputs), ("output_tokens", outputs)):
+        for p in _PCTS:
+            stats[f"{label}_p{p}"] = float(np.percentile(values, p)) if values.size else 0.0
+        stats[f"{label}_max"] = int(values.max()) if values.size else 0
+    return stats
