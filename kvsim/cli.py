@@ -256,9 +256,11 @@ def profile_validate(path: str) -> None:
 
 
 def _register_subcommands() -> None:
+    from kvsim.calibrate.cli import calibrate
     from kvsim.mrc.cli import mrc
     from kvsim.traces.cli import trace
 
+    cli.add_command(calibrate)
     cli.add_command(mrc)
     cli.add_command(trace)
 

@@ -61,6 +61,8 @@ def summarize(result: RunResult) -> dict[str, object]:
         "coalesced_decode_steps": result.coalesced_steps,
         "busy_fraction": result.busy_s / sim_s if sim_s > 0 else 0.0,
         "block_ops": result.block_ops,
+        "cost_model": result.cost_model,
+        "cost_model_reason": result.cost_model_reason,
         "simulated_s": sim_s,
         "wall_s": result.wall_s,
     }

@@ -359,3 +359,26 @@ def test_cli_errors_are_kvsim_errors(tmp_path):
     out = run_cli("convert", str(traces_dir() / "azure" / "AzureLLMInferenceTrace_code.csv"),
                   "--format", "nope", "-o", str(tmp_path / "x.parquet"))  # fmt: skip
     assert isinstance(out.exception, KvsimError) and "valid:" in str(out.exception)
+
+
+def test_real_tokenizer_counts_tokens(tmp_path):
+    """A tokenizer.json built here (word level, whitespace split) gives exact word counts."""
+    tokenizers = pytest.importorskip("tokenizers", reason="pip install 'kvsim[tokenizers]'")
+    vocab = {"[UNK]": 0}
+    for conv in SHAREGPT:
+        for turn in conv["conversations"]:
+            for word in turn["value"].split():
+                vocab.setdefault(word, len(vocab))
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok_path = tmp_path / "tokenizer.json"
+    tok.save(str(tok_path))
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(SHAREGPT))
+    exact = load_trace(path, seed=3, tokenizer=str(tok_path))
+    approx = load_trace(path, seed=3)
+    first = min(exact.table.to_pylist(), key=lambda r: (r["session_id"], r["turn"]))
+    assert first["output_tokens"] == len(["I", "am", "fine,", "thank", "you", "for", "asking."])
+    assert not exact.table.column("input_tokens").equals(approx.table.column("input_tokens"))
+    with pytest.raises(KvsimError, match="tokenizer"):
+        load_trace(path, tokenizer=str(tmp_path / "missing.json"))

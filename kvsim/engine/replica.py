@@ -22,7 +22,7 @@ import simpy
 
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.request import Request
-from kvsim.hardware.costmodel import RooflineCostModel
+from kvsim.hardware.measured import CostModel
 from kvsim.kvcache import BlockPool
 
 MAX_COALESCED_STEPS = 4096
@@ -36,7 +36,7 @@ class Replica:
         env: simpy.Environment,
         config: EngineConfig,
         pool: BlockPool,
-        cost: RooflineCostModel,
+        cost: CostModel,
         load_chain: Callable[[Request], None],
         on_finish: Callable[[Request], None],
     ) -> None:

@@ -15,7 +15,7 @@ from kvsim.engine.config import EngineConfig
 from kvsim.engine.replica import Replica
 from kvsim.engine.request import Request
 from kvsim.errors import KvsimError
-from kvsim.hardware.costmodel import RooflineCostModel
+from kvsim.hardware.measured import make_cost_model
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.kvcache import BlockPool
 from kvsim.models import ModelSpec, kv_bytes_per_block
@@ -41,6 +41,8 @@ class RunResult:
     busy_s: float
     block_ops: int
     evictions: int
+    cost_model: str = "roofline"
+    cost_model_reason: str = ""
     extra: dict[str, object] = field(default_factory=dict)
 
 
@@ -163,7 +165,7 @@ def simulate(
     """Replay `trace` through one replica and return per-request results."""
     wall_start = time.perf_counter()
     num_blocks, block_bytes = kv_blocks_for(model, profile, config)
-    cost = RooflineCostModel(
+    cost = make_cost_model(
         model, profile, tp=config.tp, kv_dtype=config.kv_dtype, weight_dtype=config.weight_dtype
     )
     policy = make_policy(config.policy)
@@ -242,6 +244,8 @@ def simulate(
         busy_s=replica.busy_s,
         block_ops=replica.block_ops,
         evictions=pool.stats.evictions,
+        cost_model=cost.kind,
+        cost_model_reason=cost.reason,
     )
 
 

@@ -2,6 +2,8 @@
 
 Every error names the file and the dotted field (``tiers.nvme.read_bandwidth``) so a user can fix
 it without reading kvsim's code; every number must say where it came from in ``[sources]``.
+Calibration tables under ``[measured]`` carry their own provenance (device, driver, torch
+version, date) instead of per-number sources; ``kvsim.hardware.measured`` checks their shape.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, NoReturn
 
 from kvsim.errors import ConfigError
 from kvsim.hardware.durations import parse_duration
+from kvsim.hardware.measured import parse_measured
 from kvsim.hardware.profile import TIER_NAMES, Efficiency, GpuSpec, HardwareProfile, TierSpec
 from kvsim.units import parse_rate, parse_size
 
@@ -330,6 +333,8 @@ def validate_profile(path: str | Path) -> HardwareProfile:
     measured = data.get("measured", {})
     if not isinstance(measured, dict):
         r.fail("measured", f"expected a table, got {measured!r}")
+    if measured:
+        parse_measured(measured, r.fail)  # kept as read; the cost model parses it again
     return HardwareProfile(
         name=name,
         description=description,

@@ -1,0 +1,145 @@
+"""A randomly initialised decoder of a catalog model's shape, to time real forward passes.
+
+The end-to-end check of calibration: run one iteration (prefill chunks and decoding sequences
+together, as continuous batching does) through every layer, and compare its time with the
+simulator's prediction. Nothing is downloaded; timing does not depend on weight values. Full
+and sliding-window GQA models with dense MLPs are supported; MLA and MoE are not (yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kvsim.calibrate.ops import (
+    LayerWeights,
+    attn_shape,
+    decode_batch,
+    gated_silu,
+    prefill_chunk,
+    randn,
+    residual_norm,
+    rms_norm,
+    rope_qkv,
+    rope_tables,
+)
+from kvsim.errors import ConfigError
+from kvsim.hardware.measured import supported
+from kvsim.models import ModelSpec
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One iteration: prefill chunks (new tokens, cached context) and ``decode`` sequences that
+    all sit at ``decode_context`` (one context keeps the batched decode kernel honest)."""
+
+    name: str
+    prefill: tuple[tuple[int, int], ...] = ()
+    decode: int = 0
+    decode_context: int = 0
+    kind: str = field(default="")
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for n, _ in self.prefill) + self.decode
+
+    @property
+    def decode_contexts(self) -> list[int]:
+        return [self.decode_context] * self.decode
+
+    @property
+    def label(self) -> str:
+        parts = [f"prefill {n}+{c}" if c else f"prefill {n}" for n, c in self.prefill]
+        if self.decode:
+            parts.append(f"decode {self.decode}x{self.decode_context}")
+        return ", ".join(parts)
+
+
+class RandomDecoder:
+    """Layers of random weights of ``model``'s per-rank shape; ``forward(batch)`` runs one
+    iteration on caches filled beforehand (``prepare``), so only the forward is timed."""
+
+    def __init__(self, model: ModelSpec, tp: int, dtype: torch.dtype, device: Any) -> None:
+        reason = supported(model)
+        if reason or model.layer_groups[0].kind == "mla":
+            raise ConfigError(
+                f"end-to-end forward: {reason or model.name + ': MLA'} is not supported"
+            )
+        self.model, self.dtype, self.device = model, dtype, device
+        self.shape = attn_shape(model, tp)
+        self.layers = [
+            LayerWeights(model, self.shape, tp, dtype, device) for _ in range(model.num_layers)
+        ]
+        vocab = max(1, model.vocab_size // tp)
+        self.embedding = randn((vocab, model.hidden_size), dtype, device)
+        self.lm_head = (
+            self.embedding
+            if model.tie_word_embeddings
+            else randn((vocab, model.hidden_size), dtype, device)
+        )
+        self.final_norm = torch.ones(model.hidden_size, dtype=dtype, device=device)
+
+    def prepare(self, batch: Batch) -> dict[str, Any]:
+        """Token ids, positions and per-layer KV caches (prefix filled) for ``batch``."""
+        s = self.shape
+        window = s.window
+        positions = []
+        for new, ctx in batch.prefill:
+            positions.append(torch.arange(ctx, ctx + new))
+        positions.append(torch.full((batch.decode,), batch.decode_context))
+        pos = torch.cat(positions).to(self.device)
+        cos, sin = rope_tables(pos, s.head_dim)
+        caches = []
+        for _ in self.layers:
+            per = []
+            for new, ctx in batch.prefill:
+                kept = min(ctx, window) if window else ctx
+                per.append(self._cache(1, kept + new))
+            if batch.decode:
+                kept = min(batch.decode_context, window) if window else batch.decode_context
+                per.append(self._cache(batch.decode, kept + 1))
+            caches.append(per)
+        ids = torch.randint(0, self.embedding.shape[0], (batch.tokens,), device=self.device)
+        return {"ids": ids, "cos": cos.to(self.dtype), "sin": sin.to(self.dtype), "caches": caches}
+
+    def _cache(self, b: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.shape
+        k = randn((b, s.kv_heads, length, s.head_dim), self.dtype, self.device, 1.0)
+        v = randn((b, s.kv_heads, length, s.v_dim), self.dtype, self.device, 1.0)
+        return k, v
+
+    @torch.inference_mode()
+    def forward(self, batch: Batch, state: dict[str, Any]) -> torch.Tensor:
+        """Logits of the last token of every sequence after one iteration of ``batch``."""
+        s, window = self.shape, self.shape.window
+        x = F.embedding(state["ids"], self.embedding)
+        cos, sin = state["cos"], state["sin"]
+        for w, caches in zip(self.layers, state["caches"], strict=True):
+            h = rms_norm(x, w.norm1)
+            q, k, v = rope_qkv(F.linear(h, w.qkv, w.qkv_bias), cos, sin, s)
+            outs = []
+            start = 0
+            for i, (new, ctx) in enumerate(batch.prefill):
+                kept = min(ctx, window) if window else ctx
+                kc, vc = caches[i]
+                end = start + new
+                outs.append(prefill_chunk(q[start:end], k[start:end], v[start:end], kc, vc, kept))
+                start = end
+            if batch.decode:
+                kept = min(batch.decode_context, window) if window else batch.decode_context
+                kc, vc = caches[-1]
+                outs.append(decode_batch(q[start:], k[start:], v[start:], kc, vc, kept))
+            attn = outs[0] if len(outs) == 1 else torch.cat(outs)
+            x, h = residual_norm(x, F.linear(attn, w.o), w)
+            x = x + F.linear(gated_silu(F.linear(h, w.gate_up)), w.down)
+        ends = []
+        total = 0
+        for new, _ in batch.prefill:
+            total += new
+            ends.append(total - 1)
+        last = torch.tensor(ends, dtype=torch.long, device=self.device)
+        rows = torch.cat((x[last], x[total:])) if batch.prefill else x
+        return F.linear(rms_norm(rows, self.final_norm), self.lm_head)

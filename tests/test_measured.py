@@ -1,0 +1,271 @@
+"""Measured cost model: interpolation, fallback to the roofline, and validation of the tables."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvsim.errors import ConfigError
+from kvsim.hardware import load_profile, validate_profile
+from kvsim.hardware.costmodel import RooflineCostModel
+from kvsim.hardware.measured import (
+    MeasuredCostModel,
+    RateCurve,
+    RateGrid,
+    TransferModel,
+    gemm_shapes,
+    make_cost_model,
+)
+from kvsim.models import load_model, parse_model
+from kvsim.tomlwrite import dumps
+
+TINY = """
+name = "tiny-test"
+hf_config = "none/tiny"
+hidden_size = 256
+num_layers = 2
+num_attention_heads = 4
+vocab_size = 1024
+tie_word_embeddings = true
+
+[[layer_groups]]
+kind = "full"
+layers = 2
+num_heads = 4
+num_kv_heads = 2
+head_dim = 64
+
+[[mlp_groups]]
+layers = 2
+intermediate_size = 512
+"""
+
+
+def roof(x: np.ndarray) -> np.ndarray:
+    return 1e-6 + np.asarray(x, dtype=float) * 1e-9
+
+
+def test_curve_is_exact_at_measured_points_and_monotone_between() -> None:
+    x = np.array([1.0, 4, 16, 64, 256])
+    t = np.array([2e-6, 3e-6, 9e-6, 3e-5, 1.1e-4])
+    curve = RateCurve(x, t, roof)
+    assert np.allclose(curve(x), t, rtol=1e-12)
+    grid = np.geomspace(1, 256, 500)
+    assert np.all(np.diff(curve(grid)) > 0)
+
+
+def test_curve_relaxes_to_the_roofline_outside_the_range() -> None:
+    x = np.array([10.0, 100, 1000])
+    t = 5 * roof(x)  # five times slower than the roofline where measured
+    curve = RateCurve(x, t, roof)
+    edge = float(curve(1000))
+    assert float(curve(1000 * 1.0001)) == pytest.approx(edge, rel=1e-3)  # continuous
+    far = np.array([1e4, 1e5, 1e7, 0.1, 1.0])  # a decade or more outside: the roofline
+    assert np.allclose(curve(far), roof(far), rtol=1e-12)
+    half = float(curve(10**3.5))  # half a decade out: between the two, never exploding
+    assert roof(10**3.5) < half < 5 * roof(10**3.5)
+
+
+def test_grid_is_exact_at_points_and_falls_back_outside() -> None:
+    batch, ctx = np.array([1.0, 4, 16]), np.array([64.0, 256, 1024])
+
+    def roof2(b, c):
+        return 1e-6 + np.asarray(b) * np.asarray(c) * 1e-10
+
+    secs = 3 * roof2(batch[:, None], ctx[None, :])
+    grid = RateGrid(batch, ctx, secs, roof2)
+    for i, b in enumerate(batch):
+        assert np.allclose(grid(b, ctx), secs[i], rtol=1e-12)
+    assert float(grid(1000.0, 64.0)) == pytest.approx(float(roof2(1000, 64)))
+    assert float(grid(4.0, 1e6)) == pytest.approx(float(roof2(4, 1e6)))
+    row = grid(8.0, np.geomspace(64, 1024, 50))
+    assert np.all(np.diff(row) > 0)
+
+
+def _measured(model, profile, factor: float) -> dict:
+    """Tables `factor` times slower than the roofline (synthetic, for exact checks)."""
+    tokens = [1, 4, 16, 64, 256]
+    gemm = {}
+    for name, s in gemm_shapes(model).items():
+        secs = [factor * 2.0 * m * s.k * s.n / 1e12 + 1e-6 for m in tokens]
+        gemm[name] = {
+            "k": s.k,
+            "n": s.n,
+            "calls": s.calls,
+            "per": s.per,
+            "tokens": tokens,
+            "seconds": secs,
+        }
+    return {
+        "device": "synthetic",
+        "device_kind": "cpu",
+        "driver": "none",
+        "torch": "none",
+        "date": "2026-01-01T00:00:00Z",
+        "model": model.name,
+        "tp": 1,
+        "dtype": "bf16",
+        "kv_dtype": "bf16",
+        "overhead_s": 1e-4,
+        "gemm": gemm,
+        "elementwise": {"tokens": tokens, "seconds": [factor * 1e-6 * m for m in tokens]},
+        "prefill_attention": {
+            "tokens": [16, 64, 256],
+            "context": [0, 0, 0],
+            "seconds": [factor * 1e-5, factor * 1e-4, factor * 1e-3],
+        },
+        "decode_attention": {
+            "batch": [1, 4, 16],
+            "context": [64, 256, 1024],
+            "seconds": [[factor * 1e-6 * b * c / 64 for c in (64, 256, 1024)] for b in (1, 4, 16)],
+        },
+        "copy": {"h2d": {"bytes": [4096, 1 << 20, 1 << 24], "seconds": [1e-5, 1e-4, 1e-3]}},
+    }
+
+
+@pytest.fixture()
+def tiny():
+    return parse_model(TINY, "tiny.toml")
+
+
+def _profile(model, factor: float = 2.0):
+    base = load_profile("h100-sxm")
+    return dataclasses.replace(base, measured=_measured(model, base, factor))
+
+
+def test_measured_tables_change_iteration_times(tiny) -> None:
+    slow = make_cost_model(tiny, _profile(tiny, 2.0))
+    slower = make_cost_model(tiny, _profile(tiny, 4.0))
+    roofline = make_cost_model(tiny, dataclasses.replace(_profile(tiny), measured={}))
+    assert (slow.kind, slower.kind, roofline.kind) == ("measured", "measured", "roofline")
+    assert isinstance(roofline, RooflineCostModel) and "no measured tables" in roofline.reason
+    batch = ([(64, 0)], [256] * 4)
+    a, b = slow.iteration_time_s(*batch), slower.iteration_time_s(*batch)
+    assert a != pytest.approx(roofline.iteration_time_s(*batch), rel=0.05)
+    # twice the measured times: everything but the fixed overhead doubles (plus GEMM's 1 us)
+    assert b - 1e-4 == pytest.approx(2 * (a - 1e-4), rel=0.02)
+    # at a measured point the attention part is the table's value times the layers
+    assert isinstance(slow, MeasuredCostModel)
+    assert slow.prefill_attention_s(64, 0) == pytest.approx(2 * 2.0 * 1e-4)
+    assert float(slow.decode_attention_s(np.full((1, 4), 256.0))[0]) == pytest.approx(
+        2 * 2.0 * 1e-6 * 4 * 256 / 64
+    )
+
+
+def test_decode_runs_match_single_iterations(tiny) -> None:
+    cost = make_cost_model(tiny, _profile(tiny))
+    contexts = np.array([100, 300, 700])
+    ends = cost.decode_run_ends_s(contexts, 5)
+    steps = [cost.iteration_time_s([], contexts + k) for k in range(5)]
+    assert np.allclose(ends, np.cumsum(steps))
+    assert cost.prefill_time_s(300, chunk=128) == pytest.approx(
+        sum(cost.iteration_time_s([(n, c)], []) for n, c in ((128, 0), (128, 128), (44, 256)))
+    )
+
+
+def test_tables_for_another_model_fall_back_to_the_roofline(tiny) -> None:
+    other = load_model("qwen2.5-0.5b")
+    cost = make_cost_model(other, _profile(tiny))
+    assert cost.kind == "roofline" and "tiny-test" in cost.reason
+    assert make_cost_model(tiny, _profile(tiny), tp=2).kind == "roofline"
+
+
+def test_transfer_model_uses_measured_copies(tiny) -> None:
+    transfers = TransferModel(_profile(tiny))
+    assert transfers.kind == "measured"
+    assert transfers.time_s("dram", 1 << 20) == pytest.approx(1e-4)
+    dram = load_profile("h100-sxm").tier("dram")
+    # writes were not measured: the tier's latency + bytes / bandwidth
+    assert transfers.time_s("dram", 1e9, write=True) == pytest.approx(
+        dram.latency_s + 1e9 / dram.write_bandwidth_bytes_per_s
+    )
+
+
+# -- validation of [measured] in a profile file --------------------------------------------------
+H100 = (Path(__file__).resolve().parents[1] / "hardware_profiles" / "h100-sxm.toml").read_text()
+
+
+def _write(tmp_path: Path, measured: dict) -> Path:
+    path = tmp_path / "measured" / "bad.toml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(H100 + "\n" + dumps({"measured": measured}))
+    return path
+
+
+def test_a_good_measured_profile_loads(tmp_path: Path, tiny) -> None:
+    path = _write(tmp_path, _measured(tiny, None, 2.0))
+    profile = validate_profile(path)
+    assert make_cost_model(tiny, profile).kind == "measured"
+
+
+def _drop(doc: dict, *keys: str) -> dict:
+    doc = dict(doc)
+    *head, last = keys
+    target = doc
+    for k in head:
+        target[k] = dict(target[k])
+        target = target[k]
+    del target[last]
+    return doc
+
+
+def _set(doc: dict, keys: tuple[str, ...], value) -> dict:
+    doc = dict(doc)
+    *head, last = keys
+    target = doc
+    for k in head:
+        target[k] = dict(target[k])
+        target = target[k]
+    target[last] = value
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda d: _drop(d, "decode_attention"), "measured.decode_attention: missing required"),
+        (lambda d: _drop(d, "model"), "measured.model: expected a non-empty string"),
+        (
+            lambda d: _set(d, ("gemm", "qkv", "tokens"), [1, 4, 4, 64, 256]),
+            "measured.gemm.qkv.tokens: expected strictly increasing",
+        ),
+        (
+            lambda d: _set(d, ("gemm", "o", "seconds"), [1e-6, 2e-6]),
+            "measured.gemm.o.seconds: expected 5 values",
+        ),
+        (
+            lambda d: _set(d, ("elementwise", "seconds"), [1e-6, -1.0, 1e-6, 1e-6, 1e-6]),
+            "measured.elementwise.seconds: expected a non-empty list of positive numbers",
+        ),
+        (
+            lambda d: _set(d, ("decode_attention", "seconds"), [[1e-6, 2e-6, 3e-6]]),
+            "measured.decode_attention.seconds: expected 3 rows",
+        ),
+        (lambda d: _set(d, ("tp",), 0), "measured.tp: expected a positive integer"),
+        (lambda d: _set(d, ("speed",), 3), "measured.speed: unknown field"),
+        (
+            lambda d: _set(d, ("copy", "sideways"), {"bytes": [1], "seconds": [1.0]}),
+            "measured.copy.sideways: unknown copy direction",
+        ),
+    ],
+    ids=[
+        "partial",
+        "no-model",
+        "not-increasing",
+        "short",
+        "negative",
+        "rows",
+        "tp",
+        "unknown",
+        "copy",
+    ],
+)
+def test_corrupt_measured_tables_name_file_and_field(tmp_path: Path, tiny, edit, expected) -> None:
+    path = _write(tmp_path, edit(_measured(tiny, None, 2.0)))
+    with pytest.raises(ConfigError) as info:
+        validate_profile(path)
+    message = str(info.value)
+    assert "bad.toml: " in message and expected in message and "\n" not in message
