@@ -141,7 +141,12 @@ class Replica:
             return 0, 0
         # at least one token must be computed to sample from, as in vLLM
         limit = min((req.known - 1) // self.block_size, len(req.hashes))
-        return self.pool.cached_prefix(req.hashes, limit)
+        memo = req.hit_memo
+        if memo is not None and memo[0] == self.pool.version and memo[1] == limit:
+            return memo[2], memo[3]  # a queued request re-checked before the cache changed
+        hit, evictable = self.pool.cached_prefix(req.hashes, limit)
+        req.hit_memo = (self.pool.version, limit, hit, evictable)
+        return hit, evictable
 
     def _admit(self, batch: list[tuple[Request, int]], budget: int) -> None:
         waiting = self.waiting

@@ -22,6 +22,7 @@ class Request:
         "hashes",
         "held_blocks",
         "held_cached",
+        "hit_memo",
         "index",
         "input_tokens",
         "kinds",
@@ -52,6 +53,7 @@ class Request:
         self.held_blocks = 0  # blocks allocated to this request (cached or not)
         self.held_cached: list[int] = []  # positions of held blocks that are in the prefix cache
         self.processed_blocks = 0  # leading full blocks already offered to the cache
+        self.hit_memo: tuple[int, int, int, int] | None = None  # (pool version, limit, hit, ev)
 
     def reset_kv(self) -> None:
         """Forget every block (after release): the request will recompute from scratch."""

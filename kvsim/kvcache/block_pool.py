@@ -63,6 +63,7 @@ class BlockPool:
         self.free_uncached = num_blocks
         self.refs: dict[int, int] = {}  # block hash -> reference count (0 = evictable)
         self.stats = PoolStats()
+        self.version = 0  # bumped whenever a block's cached or evictable state may change
         self.info = BlockInfo(size_bytes=block_bytes)  # reused; valid only during a policy call
         policy.set_capacity(num_blocks)
         kind = type(policy)
@@ -104,6 +105,7 @@ class BlockPool:
         """Pin the first `count` blocks of `hashes` (all cached) for a request that hit them."""
         if not count:
             return
+        self.version += 1
         refs = self.refs
         keys = hashes[:count]
         counts = list(map(refs.__getitem__, keys))
@@ -120,6 +122,7 @@ class BlockPool:
         self.free_uncached -= take
         count -= take
         if count:
+            self.version += 1
             refs = self.refs
             for victim in self.policy.evict(count):
                 del refs[victim]
@@ -130,6 +133,7 @@ class BlockPool:
         """Blocks `start..end-1` of `hashes` just filled; cache each pinned (ref 1) and return
         the positions cached. A block whose content another request already cached stays an
         uncached duplicate, as in vLLM, and is freed as such."""
+        self.version += 1
         refs = self.refs
         keys = hashes[start:end]
         if self.reports_misses:
@@ -154,6 +158,7 @@ class BlockPool:
         self.free_uncached += uncached
         if not positions:
             return
+        self.version += 1
         refs = self.refs
         at = positions[::-1]
         if at[0] - at[-1] + 1 == len(at):  # one contiguous run (the usual case): slice it
