@@ -81,14 +81,16 @@ def _format_summary(summary: dict[str, object], out: Path) -> str:
         ("total throughput", f"{s['total_throughput_tokens_per_s']:,.0f} tok/s"),
         (
             "prefix hit ratio",
-            f"{s['prefix_hit_ratio']:.3f}  ({s['cached_tokens']:,} of "
-            f"{s['input_tokens']:,} input tokens)",
+            f"{s['prefix_hit_ratio']:.3f}  ("
+            + ", ".join(f"{tier} {ratio:.3f}" for tier, ratio in s["hit_ratio_by_tier"].items())
+            + f" of {s['input_tokens']:,} input tokens)",
         ),
         (
             "KV blocks",
             f"{s['kv_blocks']:,}  ({s['evicted_blocks']:,} evictions, "
             f"{s['preemptions']} preemptions)",
         ),
+        ("cost", f"${s['cost_usd']:,.2f}  (${s['cost_per_million_tokens_usd']:.3f} per M tokens)"),
         ("simulated / wall", f"{s['simulated_s']:,.1f} s simulated in {s['wall_s']:.2f} s"),
         ("results", str(out)),
     ]
@@ -113,7 +115,11 @@ def _default_out() -> Path:
     help="Start from a config.toml (e.g. one a previous run wrote).",
 )
 @click.option("--trace", help="Built-in trace name or path to a trace file. [default: sharegpt]")
-@click.option("--policy", help="HBM eviction policy (name or module:Class). [default: lru]")
+@click.option(
+    "--policy",
+    help="Eviction policy (name or module:Class) for every tier, or per tier: "
+    "hbm=lru,dram=arc. [default: lru]",
+)
 @click.option("--model", help="Catalog model name or model TOML. [default: llama-3.1-8b]")
 @click.option("--hardware", help="Hardware profile name or TOML. [default: h100-sxm]")
 @click.option("--tp", type=int, help="Tensor-parallel GPUs per replica. [default: 1]")
@@ -131,6 +137,24 @@ def _default_out() -> Path:
 @click.option("--format", "trace_format", help="Trace file format when a path is given.")
 @click.option("--tokenizer", type=click.Path(dir_okay=False), help="tokenizer.json for text.")
 @click.option("--skip-bad-rows", is_flag=True, default=None, help="Skip malformed trace rows.")
+@click.option("--tiers", help="Memory tiers to use, e.g. hbm,dram,nvme or all. [profile's]")
+@click.option(
+    "--tier",
+    "tier_capacity",
+    multiple=True,
+    metavar="NAME=SIZE",
+    help="Per-node capacity of a tier, e.g. dram=1TiB (repeatable).",
+)
+@click.option("--write-policy", type=click.Choice(["write-back", "write-through"]))
+@click.option("--hierarchy", type=click.Choice(["inclusive", "exclusive"]))
+@click.option("--admission", help="Lower-tier admission: all, second-chance, or nvme=... pairs.")
+@click.option("--prefetch/--no-prefetch", default=None, help="Prefetch during think time.")
+@click.option(
+    "--timeline-interval",
+    "timeline_interval_s",
+    type=float,
+    help="Simulated seconds between timeline samples. [default: 1]",
+)
 @click.option("--seed", type=int, help="Seed for every random draw. [default: 0]")
 @click.option("--out", type=click.Path(file_okay=False), help="Results folder. [runs/<time>]")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
@@ -148,6 +172,7 @@ def run(config_path: str | None, out: str | None, as_json: bool, **options) -> N
         )
     if options.pop("no_prefix_caching"):
         options["enable_prefix_caching"] = False
+    options["tier_capacity"] = ",".join(options["tier_capacity"]) or None
     options["max_num_batched_tokens"] = options.pop("max_batched_tokens")
     given = {k: v for k, v in options.items() if v is not None}
     base = RunConfig.from_toml(config_path) if config_path else RunConfig()

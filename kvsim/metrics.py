@@ -19,8 +19,11 @@ def summarize(result: RunResult) -> dict[str, object]:
 
     - `throughput_tokens_per_s`: generated tokens per simulated second (vLLM's benchmark calls it
       output token throughput); `total_throughput_tokens_per_s` counts input tokens too.
-    - `prefix_hit_ratio`: cached input tokens / input tokens, token-weighted, over completed
-      requests, where cached means found in the prefix cache when first scheduled.
+    - `prefix_hit_ratio`: reused input tokens / input tokens, token-weighted, over completed
+      requests: found in HBM's prefix cache when first scheduled, or loaded from a lower tier;
+      `hit_ratio_by_tier` splits it by where the tokens came from.
+    - `cost_usd`: the replica's GPUs and its share of every enabled tier below HBM, priced per
+      hour by the profile, over the simulated time; per million tokens counts input + output.
     """
     t = result.requests
     status = t.column("status").to_numpy(zero_copy_only=False)
@@ -30,10 +33,17 @@ def summarize(result: RunResult) -> dict[str, object]:
     e2e = t.column("e2e_s").to_numpy()
     input_tokens = t.column("input_tokens").to_numpy()[done]
     cached = t.column("cached_tokens").to_numpy()[done]
+    lower = {name: int(t.column(f"{name}_tokens").to_numpy()[done].sum()) for name in result.tiers}
     output = t.column("output_tokens").to_numpy()[done]
     sim_s = result.simulated_s
     out_total = int(output.sum())
     in_total = int(input_tokens.sum())
+    reused = int(cached.sum()) + sum(lower.values())
+    by_tier = {"hbm": float(cached.sum() / in_total) if in_total else 0.0}
+    by_tier.update({k: v / in_total if in_total else 0.0 for k, v in lower.items()})
+    hourly = result.hourly_cost_usd
+    cost_usd = sum(hourly.values()) * sim_s / 3600
+    tokens_m = (in_total + out_total) / 1e6
     return {
         "requests": int(t.num_rows),
         "completed": int(done.sum()),
@@ -48,7 +58,8 @@ def summarize(result: RunResult) -> dict[str, object]:
         "input_tokens": in_total,
         "cached_tokens": int(cached.sum()),
         "output_tokens": out_total,
-        "prefix_hit_ratio": float(cached.sum() / in_total) if in_total else 0.0,
+        "prefix_hit_ratio": reused / in_total if in_total else 0.0,
+        "hit_ratio_by_tier": by_tier,
         "throughput_tokens_per_s": out_total / sim_s if sim_s > 0 else 0.0,
         "total_throughput_tokens_per_s": (out_total + in_total) / sim_s if sim_s > 0 else 0.0,
         "requests_per_s": int(done.sum()) / sim_s if sim_s > 0 else 0.0,
@@ -61,6 +72,16 @@ def summarize(result: RunResult) -> dict[str, object]:
         "coalesced_decode_steps": result.coalesced_steps,
         "busy_fraction": result.busy_s / sim_s if sim_s > 0 else 0.0,
         "block_ops": result.block_ops,
+        "cost_usd": cost_usd,
+        "cost_per_million_tokens_usd": cost_usd / tokens_m if tokens_m else math.nan,
+        "cost_per_million_output_tokens_usd": (
+            cost_usd / (out_total / 1e6) if out_total else math.nan
+        ),
+        "hourly_cost_usd": hourly,
+        "tiers": result.tiers,
+        "links": result.links,
+        "prefetched_blocks": result.prefetched_blocks,
+        "load_wait_p50_s": _pct(t.column("load_wait_s").to_numpy()[done], 50),
         "cost_model": result.cost_model,
         "cost_model_reason": result.cost_model_reason,
         "simulated_s": sim_s,

@@ -134,11 +134,13 @@ def run(config: RunConfig, progress: ProgressFn | None = None) -> RunOutcome:
 
 
 def write_outputs(outcome: RunOutcome, out_dir: str | Path) -> Path:
-    """requests.parquet, summary.json and config.toml; the summary is written last, so a
-    directory without it is an interrupted run, never one that looks complete."""
+    """requests.parquet, timeline.parquet, summary.json and config.toml; the summary is written
+    last, so a directory without it is an interrupted run, never one that looks complete."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pq.write_table(outcome.result.requests, out / "requests.parquet")
+    if outcome.result.timeline is not None:
+        pq.write_table(outcome.result.timeline, out / "timeline.parquet")
     (out / "config.toml").write_text(tomlwrite.dumps(outcome.config.as_dict()))
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(outcome.summary, indent=2) + "\n")

@@ -175,8 +175,8 @@ def test_invariants_under_random_workloads(case):
         complete(self, batch)
         check(self)
 
-    def checked_advance(self, steps, first_step_end_s):
-        advance(self, steps, first_step_end_s)
+    def checked_advance(self, batch, steps, first_step_end_s):
+        advance(self, batch, steps, first_step_end_s)
         check(self)
 
     replica_module.Replica._complete = checked_complete

@@ -34,6 +34,36 @@ class EngineConfig:
     coalesce_decode: bool = field(
         default=True, metadata={"help": "run unchanged decode batches as one event"}
     )
+    tiers: str | None = field(
+        default=None,
+        metadata={"help": "tiers to use, e.g. 'hbm,dram,nvme' or 'all' (default: the profile's)"},
+    )
+    tier_capacity: str = field(
+        default="", metadata={"help": "capacity overrides per node, e.g. 'dram=1TiB,nvme=8TB'"}
+    )
+    write_policy: str = field(
+        default="write-back",
+        metadata={"help": "write-back (write a block down when HBM evicts it) or write-through"},
+    )
+    hierarchy: str = field(
+        default="inclusive",
+        metadata={"help": "inclusive (a loaded block keeps its copy below) or exclusive"},
+    )
+    admission: str = field(
+        default="all",
+        metadata={"help": "lower-tier admission: all or second-chance, or per tier 'nvme=...'"},
+    )
+    prefetch: bool = field(
+        default=True,
+        metadata={"help": "load a session's blocks towards HBM while it thinks or waits on a tool"},
+    )
+    prefetch_lead_s: float = field(
+        default=0.5,
+        metadata={"help": "start a prefetch this long before the next turn is due (assumption)"},
+    )
+    timeline_interval_s: float = field(
+        default=1.0, metadata={"help": "simulated seconds between timeline samples"}
+    )
     seed: int = field(default=0, metadata={"help": "the one seed all randomness flows from"})
 
     def __post_init__(self) -> None:
@@ -43,6 +73,27 @@ class EngineConfig:
                 raise ConfigError(f"engine.{name}: expected a positive integer, got {value!r}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ConfigError(f"engine.num_gpu_blocks: expected >= 1, got {self.num_gpu_blocks}")
+        choices = {
+            "write_policy": ("write-back", "write-through"),
+            "hierarchy": ("inclusive", "exclusive"),
+        }
+        for name, valid in choices.items():
+            value = getattr(self, name)
+            if value not in valid:
+                raise ConfigError(
+                    f"engine.{name}: expected one of {', '.join(valid)}, got {value!r}"
+                )
+        if self.write_policy == "write-through" and self.hierarchy == "exclusive":
+            raise ConfigError(
+                "engine.write_policy: write-through keeps a copy below every HBM block, "
+                "so it needs hierarchy = 'inclusive'"
+            )
+        for name in ("prefetch_lead_s", "timeline_interval_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not value >= 0:
+                raise ConfigError(f"engine.{name}: expected a non-negative number, got {value!r}")
+        if self.timeline_interval_s <= 0:
+            raise ConfigError("engine.timeline_interval_s: expected a positive number of seconds")
 
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -24,6 +24,7 @@ from kvsim.engine.config import EngineConfig
 from kvsim.engine.request import Request
 from kvsim.hardware.measured import CostModel
 from kvsim.kvcache import BlockPool
+from kvsim.kvcache.hierarchy import Hierarchy
 
 MAX_COALESCED_STEPS = 4096
 
@@ -39,6 +40,7 @@ class Replica:
         cost: CostModel,
         load_chain: Callable[[Request], None],
         on_finish: Callable[[Request], None],
+        hierarchy: Hierarchy | None = None,
     ) -> None:
         self.env = env
         self.config = config
@@ -47,8 +49,12 @@ class Replica:
         self.load_chain = load_chain
         self.on_finish = on_finish
         self.block_size = config.block_size
+        self.hierarchy = hierarchy if hierarchy else None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.loading: list[Request] = []  # admitted, waiting for blocks from lower tiers
+        self.prefetching_blocks = 0  # HBM blocks held by prefetches in flight
+        self.prefetched_blocks = 0
         self.iterations = 0
         self.coalesced_steps = 0
         self.busy_s = 0.0
@@ -61,6 +67,10 @@ class Replica:
     def submit(self, request: Request) -> None:
         request.arrival_s = self.env.now
         self.waiting.append(request)
+        self._notify()
+
+    def _notify(self) -> None:
+        """Something changed that may let the batch change: wake an idle loop or cut a run."""
         wake = self._wake
         if wake is not None and not wake.triggered:
             wake.succeed()
@@ -148,6 +158,42 @@ class Replica:
         req.hit_memo = (self.pool.version, limit, hit, evictable)
         return hit, evictable
 
+    def _plan(self, req: Request, budget: int) -> tuple[int, int, list[int], int, int]:
+        """How `req` would be admitted now: (HBM hit blocks, how many of those are evictable,
+        the tier of each block to load from below, tokens to compute now, new blocks needed)."""
+        hit, evictable = self._prefix_hit(req)
+        if self.hierarchy is not None and self.config.enable_prefix_caching:
+            assert req.hashes is not None
+            limit = min((req.known - 1) // self.block_size, len(req.hashes))
+            load = self._worth_loading(req, hit, self.hierarchy.chain(req.hashes, hit, limit))
+            if load:
+                return hit, evictable, load, 0, len(load)
+        start = hit * self.block_size
+        n = min(req.known - start, budget)
+        return hit, evictable, [], n, self._blocks_for(start + n) - hit
+
+    def _worth_loading(self, req: Request, hit: int, found: list[int]) -> list[int]:
+        """The prefix of `found` (tiers of blocks hit, hit+1, ...) worth loading: the one that
+        minimises load time + the prefill left, against prefilling everything from `hit`.
+        Both come from the cost model, so a memory-bound iteration's floor (weights are read
+        whatever the chunk) is counted and deep blocks, whose recompute attends to more
+        context, weigh more. Loads are costed on the links as loaded now. Empty when
+        recomputing is never slower."""
+        if not found:
+            return found
+        bs = self.block_size
+        chunk = self.config.max_num_batched_tokens
+        prefill = self.cost.prefill_time_s
+        load_s = self.hierarchy.load_estimate_s(found)  # type: ignore[union-attr]
+        best, best_s = 0, prefill(req.known - hit * bs, hit * bs, chunk)
+        n = len(found)
+        for count in sorted({n, *range(max(n // 8, 1), n, max(n // 8, 1))}):
+            done = (hit + count) * bs
+            total = load_s[count - 1] + prefill(req.known - done, done, chunk)
+            if total < best_s:
+                best, best_s = count, total
+        return found[:best]
+
     def _admit(self, batch: list[tuple[Request, int]], budget: int) -> None:
         waiting = self.waiting
         running = self.running
@@ -155,31 +201,92 @@ class Replica:
         max_seqs = self.config.max_num_seqs
         bs = self.block_size
         now = self.env.now
-        while waiting and budget > 0 and len(running) < max_seqs:
+        while waiting and budget > 0 and len(running) + len(self.loading) < max_seqs:
             req = waiting[0]
-            hit, evictable = self._prefix_hit(req)
-            start = hit * bs
-            n = min(req.known - start, budget)
-            need = self._blocks_for(start + n) - hit
+            hit, evictable, load, n, need = self._plan(req, budget)
             if need + evictable > pool.available:
                 break
             waiting.popleft()
             assert req.hashes is not None
+            first = req.cached_tokens < 0
+            if first:
+                req.cached_tokens = hit * bs
+                req.scheduled_s = now
+            if load:  # pin the blocks below before allocating, which may push others down
+                self._start_load(req, hit, load, first)
             if pool.describes:
                 pool.describe(req.kinds, req.input_tokens)
             pool.acquire(req.hashes, hit, now)
             pool.allocate(need)
             self.block_ops += hit + need
-            req.computed = start
+            req.computed = hit * bs
             req.held_blocks = hit + need
             req.held_cached = list(range(hit))
             req.processed_blocks = hit
-            if req.cached_tokens < 0:
-                req.cached_tokens = start
-                req.scheduled_s = now
+            if load:
+                continue
             running.append(req)
             batch.append((req, n))
             budget -= n
+
+    # -- loads from lower tiers -------------------------------------------------------------
+    def _start_load(self, req: Request, hit: int, tiers: list[int], first: bool) -> None:
+        assert req.hashes is not None and self.hierarchy is not None
+        end = hit + len(tiers)
+        tokens = [self.block_size if first else 0] * len(tiers)
+        if first:
+            req.lower_tokens = [0] * len(self.hierarchy.tiers)
+            for t in tiers:
+                req.lower_tokens[t] += self.block_size
+        req.load_started_s = self.env.now
+        self.loading.append(req)
+        done = self.hierarchy.load(req.hashes[hit:end], tiers, tokens)
+        done.callbacks.append(lambda _ev: self._loaded(req, end))
+
+    def _loaded(self, req: Request, end: int) -> None:
+        now = self.env.now
+        req.load_wait_s += now - req.load_started_s
+        self.loading.remove(req)
+        assert req.hashes is not None
+        if self.pool.reports_misses:
+            self.pool.describe(req.kinds, req.input_tokens)
+        req.held_cached += self.pool.register(req.hashes, req.processed_blocks, end, now)
+        self.block_ops += end - req.processed_blocks
+        req.processed_blocks = end
+        req.computed = end * self.block_size
+        self.running.append(req)
+        self._notify()
+
+    def prefetch(self, req: Request) -> None:
+        """Bring `req`'s blocks from lower tiers into HBM as evictable cached blocks, ahead of
+        its arrival (a session in think time or waiting on a tool)."""
+        if self.hierarchy is None or not self.config.enable_prefix_caching:
+            return
+        if req.hashes is None:
+            self.load_chain(req)
+        assert req.hashes is not None
+        hashes = req.hashes
+        hit, _ = self._prefix_hit(req)
+        limit = min((req.known - 1) // self.block_size, len(hashes))
+        tiers = self._worth_loading(req, hit, self.hierarchy.chain(hashes, hit, limit))
+        tiers = tiers[: self.pool.free_uncached + len(self.pool.policy)]
+        if not tiers:
+            return
+        count = len(tiers)
+        end = hit + count
+        done = self.hierarchy.load(hashes[hit:end], tiers, [0] * count)  # pins them first
+        done.callbacks.append(lambda _ev: self._prefetched(hashes, hit, end))
+        self.pool.allocate(count)
+        self.prefetching_blocks += count
+
+    def _prefetched(self, hashes: list[int], start: int, end: int) -> None:
+        now = self.env.now
+        count = end - start
+        self.prefetching_blocks -= count
+        self.prefetched_blocks += count
+        fresh = self.pool.register(hashes, start, end, now)
+        self.pool.release(hashes, fresh, count - len(fresh), now)
+        self._notify()
 
     def _preempt(self, req: Request) -> None:
         self._release(req)
@@ -239,15 +346,14 @@ class Replica:
         for req in running:
             if req.known - req.computed != 1:
                 return False
-        if not self.waiting or len(running) >= self.config.max_num_seqs:
+        if not self.waiting or len(running) + len(self.loading) >= self.config.max_num_seqs:
             return True
         # the head of the queue cannot be admitted now, and decoding only takes blocks away
-        req = self.waiting[0]
-        hit, evictable = self._prefix_hit(req)
         budget = self.config.max_num_batched_tokens - len(running)
-        n = min(req.known - hit * self.block_size, budget)
-        need = self._blocks_for(hit * self.block_size + n) - hit
-        return budget <= 0 or need + evictable > self.pool.available
+        if budget <= 0:
+            return True
+        _, evictable, _, _, need = self._plan(self.waiting[0], budget)
+        return need + evictable > self.pool.available
 
     def _blocks_needed(self, computed: np.ndarray, held: np.ndarray, steps: int) -> int:
         bs = self.block_size
@@ -274,7 +380,7 @@ class Replica:
 
     def _decode_run(self, steps: int):
         env = self.env
-        running = self.running
+        running = list(self.running)  # the batch of this run; a load may append to the list
         contexts = np.fromiter((r.computed for r in running), dtype=np.float64, count=len(running))
         ends = self.cost.decode_run_ends_s(contexts, steps)
         start = env.now
@@ -294,13 +400,15 @@ class Replica:
         self.busy_s += duration
         self.iterations += done
         self.coalesced_steps += done
-        self._advance_decode(done, first_step_end_s=start + float(ends[0]))
+        self._advance_decode(running, done, first_step_end_s=start + float(ends[0]))
 
-    def _advance_decode(self, steps: int, first_step_end_s: float) -> None:
+    def _advance_decode(self, batch: list[Request], steps: int, first_step_end_s: float) -> None:
+        """Apply `steps` decode steps to the requests that ran them (a request that joined the
+        running list during the run, e.g. when its load finished, did not)."""
         now = self.env.now
         pool = self.pool
         finished = False
-        for req in self.running:
+        for req in batch:
             need = self._blocks_for(req.computed + steps) - req.held_blocks
             if need > 0:
                 ok = pool.allocate(need)

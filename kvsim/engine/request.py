@@ -27,6 +27,9 @@ class Request:
         "input_tokens",
         "kinds",
         "known",
+        "load_started_s",
+        "load_wait_s",
+        "lower_tokens",
         "output_tokens",
         "preemptions",
         "processed_blocks",
@@ -47,6 +50,9 @@ class Request:
         self.generated = 0
         self.cached_tokens = -1  # prefix-cache hit at first admission; -1 = not yet admitted
         self.recomputed_tokens = 0
+        self.lower_tokens: list[int] | None = None  # prompt tokens loaded from each lower tier
+        self.load_started_s = 0.0
+        self.load_wait_s = 0.0
         self.preemptions = 0
         self.hashes: list[int] | None = None  # full-block hashes of prompt + reply
         self.kinds = None  # kind code of each block, only for policies that read it

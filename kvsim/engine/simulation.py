@@ -14,10 +14,13 @@ import simpy
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.replica import Replica
 from kvsim.engine.request import Request
+from kvsim.engine.tiers import build_hierarchy, hourly_cost_usd, per_tier, resolve_profile
+from kvsim.engine.timeline import Timeline, link_report, tier_report
 from kvsim.errors import KvsimError
 from kvsim.hardware.measured import make_cost_model
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.kvcache import BlockPool
+from kvsim.kvcache.hierarchy import Hierarchy
 from kvsim.models import ModelSpec, kv_bytes_per_block
 from kvsim.policies import make_policy
 from kvsim.traces import Trace
@@ -43,6 +46,11 @@ class RunResult:
     evictions: int
     cost_model: str = "roofline"
     cost_model_reason: str = ""
+    tiers: dict[str, dict[str, float]] = field(default_factory=dict)
+    links: dict[str, dict[str, float]] = field(default_factory=dict)
+    timeline: pa.Table | None = None
+    hourly_cost_usd: dict[str, float] = field(default_factory=dict)
+    prefetched_blocks: int = 0
     extra: dict[str, object] = field(default_factory=dict)
 
 
@@ -164,27 +172,39 @@ def simulate(
 ) -> RunResult:
     """Replay `trace` through one replica and return per-request results."""
     wall_start = time.perf_counter()
+    profile = resolve_profile(profile, config)
     num_blocks, block_bytes = kv_blocks_for(model, profile, config)
     cost = make_cost_model(
         model, profile, tp=config.tp, kv_dtype=config.kv_dtype, weight_dtype=config.weight_dtype
     )
-    policy = make_policy(config.policy)
+    policy = make_policy(per_tier(config.policy, "policy", "lru")["hbm"])
     pool = BlockPool(num_blocks, policy, block_bytes)
     source = _TraceRequests(trace, config.block_size)
+    env = simpy.Environment()
+    # a block in a lower tier holds every rank's share of it
+    hierarchy = build_hierarchy(
+        env, profile, config, block_bytes * config.tp, pool.refs.__contains__
+    )
+    if hierarchy:
+        pool.on_evict = hierarchy.evicted_from_hbm
+        if hierarchy.write_through or not hierarchy.inclusive:
+            pool.on_register = hierarchy.computed_in_hbm
+    future = None
+    if policy.needs_future or any(t.policy.needs_future for t in hierarchy.tiers):
+        future = FutureUses(source, config.block_size)
+        hierarchy.info.future = future
     if pool.describes:
         info = pool.info
         info.kind_names = SEGMENT_KINDS
         info.recompute_base_s, info.recompute_per_position_s = cost.block_recompute_s(
             config.block_size
         )
-        if policy.needs_future:
-            info.future = FutureUses(source, config.block_size)
+        info.future = future if policy.needs_future else None
     follows = source.next_turns()
     requests = [
         Request(i, int(source.input_tokens[i]), int(source.output_tokens[i]))
         for i in range(source.n)
     ]
-    env = simpy.Environment()
     capacity_tokens = num_blocks * config.block_size
     completed = 0
     rejected = np.zeros(source.n, dtype=bool)
@@ -206,16 +226,20 @@ def simulate(
             progress(completed, source.n)
         nxt = follows.get(req.index)
         if nxt is not None:
-            env.timeout(float(source.think_time_s[nxt])).callbacks.append(
-                lambda _ev, r=requests[nxt]: issue(r)
-            )
+            think = float(source.think_time_s[nxt])
+            env.timeout(think).callbacks.append(lambda _ev, r=requests[nxt]: issue(r))
+            if hierarchy and config.prefetch:
+                # the session will continue: bring its blocks up before the next turn is due
+                lead = max(think - config.prefetch_lead_s, 0.0)
+                env.timeout(lead).callbacks.append(lambda _ev, r=requests[nxt]: replica.prefetch(r))
 
     describes = pool.describes
 
     def load_chain(req: Request) -> None:
         source.load_chain(req, describes)
 
-    replica = Replica(env, config, pool, cost, load_chain, on_finish)
+    replica = Replica(env, config, pool, cost, load_chain, on_finish, hierarchy)
+    timeline = Timeline(env, replica, hierarchy, config.timeline_interval_s)
 
     def arrivals():
         order = np.flatnonzero(~source.closed_loop)
@@ -227,9 +251,10 @@ def simulate(
             issue(requests[i])
 
     env.process(arrivals())
+    env.process(timeline.sample(lambda: completed >= source.n))
     env.run()
     wall_s = time.perf_counter() - wall_start
-    table = _requests_table(source, requests, rejected)
+    table = _requests_table(source, requests, rejected, hierarchy)
     first = float(np.min(source.arrival_s)) if source.n else 0.0
     finished = [r.finish_s for r in requests if r.finish_s >= 0]
     end = max(finished) if finished else first
@@ -246,10 +271,17 @@ def simulate(
         evictions=pool.stats.evictions,
         cost_model=cost.kind,
         cost_model_reason=cost.reason,
+        tiers=tier_report(hierarchy, block_bytes * config.tp),
+        links=link_report(hierarchy),
+        timeline=timeline.table(),
+        hourly_cost_usd=hourly_cost_usd(profile, config),
+        prefetched_blocks=replica.prefetched_blocks,
     )
 
 
-def _requests_table(source: _TraceRequests, requests: list[Request], rejected: np.ndarray):
+def _requests_table(
+    source: _TraceRequests, requests: list[Request], rejected: np.ndarray, hierarchy: Hierarchy
+) -> pa.Table:
     def col(name: str, dtype=np.float64) -> np.ndarray:
         return np.fromiter((getattr(r, name) for r in requests), dtype=dtype, count=len(requests))
 
@@ -281,5 +313,14 @@ def _requests_table(source: _TraceRequests, requests: list[Request], rejected: n
             "output_tokens": output,
             "preemptions": col("preemptions", np.int64),
             "recomputed_tokens": col("recomputed_tokens", np.int64),
+            "load_wait_s": col("load_wait_s"),
+            **{
+                f"{tier.name}_tokens": np.fromiter(
+                    (r.lower_tokens[tier.index] if r.lower_tokens else 0 for r in requests),
+                    dtype=np.int64,
+                    count=len(requests),
+                )
+                for tier in hierarchy.tiers
+            },
         }
     )

@@ -17,7 +17,7 @@ Every operation is O(1) per block plus the policy's cost.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, islice, takewhile
 
@@ -73,6 +73,10 @@ class BlockPool:
             kind.add_many is EvictionPolicy.add_many or kind.pin_many is EvictionPolicy.pin_many
         )
         self.reports_misses = kind.miss is not EvictionPolicy.miss
+        # set by a memory hierarchy below HBM: evicted blocks are written down, and under
+        # write-through computed ones too
+        self.on_evict: Callable[[list[int]], None] | None = None
+        self.on_register: Callable[[list[int]], None] | None = None
 
     def describe(self, kinds: Sequence[int] | None, request_tokens: int) -> None:
         """Name the request whose blocks the next calls hand over (for policies that read it)."""
@@ -124,9 +128,12 @@ class BlockPool:
         if count:
             self.version += 1
             refs = self.refs
-            for victim in self.policy.evict(count):
+            victims = self.policy.evict(count)
+            for victim in victims:
                 del refs[victim]
             self.stats.evictions += count
+            if self.on_evict is not None:
+                self.on_evict(victims)
         return True
 
     def register(self, hashes: list[int], start: int, end: int, now_s: float) -> list[int]:
@@ -151,6 +158,8 @@ class BlockPool:
             fresh = [p for p in range(start, end) if hashes[p] not in refs]
             refs.update((hashes[p], 1) for p in fresh)
         self.stats.registered += len(fresh)
+        if self.on_register is not None and fresh:
+            self.on_register([hashes[p] for p in fresh])
         return fresh
 
     def release(self, hashes: list[int], positions: list[int], uncached: int, now_s: float) -> None:

@@ -1,0 +1,331 @@
+"""The tiers below HBM: where a KV block goes when HBM evicts it, and how it comes back.
+
+HBM is the engine's block pool; this module holds the lower tiers (dram, cxl, nvme, rdma, pfs,
+any subset, fastest first). Each tier owns its capacity, counters and its own eviction-policy
+instance (STYLE habit 2); each has one `Link` to HBM, shared by loads and write-backs.
+
+- Demotion: a block HBM evicts is written to the first tier that admits it (write-back); with
+  write-through, a block is written down as soon as HBM computes it, so eviction costs nothing.
+  A tier that is full evicts by its policy, and the victim moves to the next tier down or, from the
+  last tier, is dropped.
+- Inclusive hierarchy: a block loaded back into HBM keeps its copy below (a second eviction writes
+  nothing). Exclusive: the copy is removed when the load starts, so a block lives in one tier.
+- Admission per tier: `all`, or `second-chance` (admit a block only the second time it arrives
+  within a window as large as the tier, a doorkeeper that keeps one-time blocks out).
+- Space for a write is reserved when the write starts, so no tier ever holds more than its
+  capacity, even counting blocks in flight.
+
+Byte conservation, which the tests check:
+    written into tiers = resident + dropped from the last tier + removed by exclusive loads
+                         + writes superseded (the block came back to HBM while being written).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import simpy
+
+from kvsim.kvcache.link import Link
+from kvsim.policies.base import BlockInfo, EvictionPolicy
+
+ADMISSIONS = ("all", "second-chance")
+
+
+@dataclass(slots=True)
+class TierStats:
+    """Counters of one lower tier, in blocks (bytes = blocks x block bytes)."""
+
+    written_in: int = 0  # blocks whose write into this tier started
+    resident_peak: int = 0
+    loaded_out: int = 0  # blocks read back to HBM
+    demoted_out: int = 0  # blocks this tier evicted towards the next tier
+    dropped: int = 0  # blocks this tier evicted with nowhere to go
+    removed_exclusive: int = 0  # blocks removed because an exclusive load took them
+    superseded: int = 0  # writes that landed after the block was back in HBM (exclusive)
+    refused: int = 0  # blocks not admitted
+    served_tokens: int = 0  # prompt tokens requests got from this tier
+
+
+@dataclass
+class LowerTier:
+    """One tier below HBM: its capacity in blocks, resident blocks, policy and link."""
+
+    name: str
+    index: int
+    capacity_blocks: int
+    policy: EvictionPolicy
+    link: Link
+    admission: str = "all"
+    bounce: Link | None = None  # nvme without GPUDirect Storage: second hop through DRAM
+    resident: dict[int, None] = field(default_factory=dict)
+    pinned: dict[int, int] = field(default_factory=dict)  # blocks being read: not evictable
+    incoming: int = 0  # blocks reserved by writes in flight
+    doorkeeper: dict[int, None] = field(default_factory=dict)
+    stats: TierStats = field(default_factory=TierStats)
+
+    def __post_init__(self) -> None:
+        self.policy.set_capacity(self.capacity_blocks)
+
+    @property
+    def used(self) -> int:
+        return len(self.resident) + self.incoming
+
+    def admits(self, key: int) -> bool:
+        if self.capacity_blocks < 1:
+            return False
+        if self.admission == "all":
+            return True
+        if key in self.doorkeeper:
+            del self.doorkeeper[key]
+            return True
+        self.doorkeeper[key] = None
+        if len(self.doorkeeper) > self.capacity_blocks:
+            del self.doorkeeper[next(iter(self.doorkeeper))]
+        return False
+
+
+class Hierarchy:
+    """The lower tiers of one replica and the moves between them and HBM."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        tiers: list[LowerTier],
+        block_bytes: int,
+        *,
+        write_through: bool = False,
+        inclusive: bool = True,
+        in_hbm: Callable[[int], bool] = lambda key: False,
+    ) -> None:
+        self.env = env
+        self.tiers = tiers
+        self.block_bytes = block_bytes
+        self.write_through = write_through
+        self.inclusive = inclusive
+        self.in_hbm = in_hbm
+        self.where: dict[int, int] = {}  # block hash -> index of the tier holding it
+        self.info = BlockInfo(size_bytes=block_bytes)
+
+    def __bool__(self) -> bool:
+        return bool(self.tiers)
+
+    # -- lookups -----------------------------------------------------------------------------------
+    def chain(self, hashes: list[int], start: int, limit: int) -> list[int]:
+        """Tier index of each block `start, start+1, ...` of a chain found below HBM, up to the
+        first block found nowhere (a block whose prefix is missing is useless)."""
+        where = self.where
+        tiers = self.tiers
+        found: list[int] = []
+        for position in range(start, limit):
+            key = hashes[position]
+            tier = where.get(key)
+            if tier is None or key not in tiers[tier].resident:  # absent, or still being written
+                break
+            found.append(tier)
+        return found
+
+    def load_estimate_s(self, tiers: list[int]) -> list[float]:
+        """Cumulative seconds to load the first 1, 2, ... of these blocks, on the links as they
+        are loaded now (a link with k loads in flight gives a new one 1/(k+1); write-backs
+        yield to loads)."""
+        out: list[float] = []
+        total = 0.0
+        seen: set[int] = set()
+        for t in tiers:
+            tier = self.tiers[t]
+            share = tier.link.reads_in_flight + 1
+            if t not in seen:
+                seen.add(t)
+                total += tier.link.latency_s
+            total += share * self.block_bytes / tier.link.read_bytes_per_s
+            if tier.bounce is not None:
+                total += (
+                    (tier.bounce.in_flight + 1) * self.block_bytes / (tier.bounce.read_bytes_per_s)
+                )
+            out.append(total)
+        return out
+
+    # -- loads ---------------------------------------------------------------------------------
+    def load(self, keys: list[int], tiers: list[int], tokens: list[int]) -> simpy.Event:
+        """Read `keys` (held in `tiers`) into HBM; the event fires when all have arrived.
+        `tokens[i]` is the prompt tokens block i serves (for the per-tier hit ratio)."""
+        groups: dict[int, list[int]] = {}
+        for key, t, n in zip(keys, tiers, tokens, strict=True):
+            groups.setdefault(t, []).append(key)
+            tier = self.tiers[t]
+            tier.stats.served_tokens += n
+            self._pin(tier, key)
+        events = []
+        for t, group in groups.items():
+            tier = self.tiers[t]
+            tier.stats.loaded_out += len(group)
+            nbytes = len(group) * self.block_bytes
+            done = tier.link.transfer(nbytes)
+            if tier.bounce is not None:
+                done = self._then(done, tier.bounce, nbytes)
+            done.callbacks.append(lambda _ev, tier=tier, group=group: self._loaded(tier, group))
+            events.append(done)
+        return simpy.AllOf(self.env, events)
+
+    def _then(self, first: simpy.Event, link: Link, nbytes: int) -> simpy.Event:
+        """A second hop that starts when `first` is done (the NVMe bounce through DRAM)."""
+        done = self.env.event()
+
+        def hop(_ev: simpy.Event) -> None:
+            link.transfer(nbytes).callbacks.append(lambda _e: done.succeed())
+
+        first.callbacks.append(hop)
+        return done
+
+    def _pin(self, tier: LowerTier, key: int) -> None:
+        count = tier.pinned.get(key, 0)
+        if count == 0:
+            tier.policy.discard(key)
+        tier.pinned[key] = count + 1
+
+    def _loaded(self, tier: LowerTier, keys: list[int]) -> None:
+        info = self.info
+        info.now_s = self.env.now
+        for key in keys:
+            count = tier.pinned[key] - 1
+            if count:
+                tier.pinned[key] = count
+                continue
+            del tier.pinned[key]
+            if self.inclusive:
+                self._add(tier, key)
+            else:
+                self._remove(tier, key)
+                tier.stats.removed_exclusive += 1
+
+    # -- writes ----------------------------------------------------------------------------------
+    def evicted_from_hbm(self, keys: list[int]) -> None:
+        """HBM evicted these blocks: write down the ones no tier below holds (write-back)."""
+        if not self.tiers or self.write_through:
+            return
+        where = self.where
+        self._write(0, [k for k in keys if k not in where])
+
+    def computed_in_hbm(self, keys: list[int]) -> None:
+        """HBM just computed (or loaded) these blocks. Write-through copies them down now; an
+        exclusive hierarchy drops a copy below, so the block lives in one tier only."""
+        if not self.tiers:
+            return
+        where = self.where
+        if self.write_through:
+            self._write(0, [k for k in keys if k not in where])
+        elif not self.inclusive:
+            for key in keys:
+                t = where.get(key)
+                if t is None:
+                    continue
+                tier = self.tiers[t]
+                if key in tier.resident and key not in tier.pinned:
+                    tier.policy.discard(key)
+                    self._remove(tier, key)
+                    tier.stats.removed_exclusive += 1
+
+    def _write(self, start: int, keys: list[int]) -> None:
+        """Write `keys` into the first tier from `start` down that admits each; one transfer
+        per destination tier."""
+        pending = keys
+        for t in range(start, len(self.tiers)):
+            if not pending:
+                return
+            tier = self.tiers[t]
+            if tier.admission == "all" and tier.capacity_blocks > 0:
+                admitted = pending
+            else:
+                admitted = [k for k in pending if tier.admits(k)]
+            if admitted:
+                tier.stats.refused += len(pending) - len(admitted)
+                self._store(tier, admitted)
+                admitted_set = set(admitted)
+                pending = [k for k in pending if k not in admitted_set]
+            else:
+                tier.stats.refused += len(pending)
+        # blocks no tier admitted are simply gone, as from an HBM-only replica
+
+    def _store(self, tier: LowerTier, keys: list[int]) -> None:
+        overflow = tier.used + len(keys) - tier.capacity_blocks
+        if overflow > 0:
+            self._make_room(tier, overflow)
+        room = tier.capacity_blocks - tier.used
+        if room < len(keys):  # the rest of the tier is pinned by loads: keep what fits
+            tier.stats.refused += len(keys) - room
+            keys = keys[:room]
+        if not keys:
+            return
+        tier.incoming += len(keys)
+        tier.stats.written_in += len(keys)
+        self.where.update(dict.fromkeys(keys, tier.index))  # claimed now: no second write
+        done = tier.link.transfer(len(keys) * self.block_bytes, write=True)
+        done.callbacks.append(lambda _ev: self._landed(tier, keys))
+
+    def _landed(self, tier: LowerTier, keys: list[int]) -> None:
+        tier.incoming -= len(keys)
+        self.info.now_s = self.env.now
+        if not self.inclusive:
+            back = [k for k in keys if self.in_hbm(k)]
+            if back:
+                # back in HBM before its copy landed: keeping it would put it in two tiers
+                for key in back:
+                    del self.where[key]
+                tier.stats.superseded += len(back)
+                gone = set(back)
+                keys = [k for k in keys if k not in gone]
+        tier.resident.update(dict.fromkeys(keys))
+        if self.info.future is None:
+            zeros = [0] * len(keys)
+            tier.policy.add_many(keys, zeros, zeros, self.info)
+        else:
+            for key in keys:
+                self._add(tier, key)
+        tier.stats.resident_peak = max(tier.stats.resident_peak, len(tier.resident))
+
+    def _add(self, tier: LowerTier, key: int) -> None:
+        info = self.info
+        if info.future is not None:
+            info.next_use = info.future(key, info.now_s)
+        tier.policy.add(key, info)
+
+    def _make_room(self, tier: LowerTier, count: int) -> None:
+        evictable = len(tier.policy)
+        victims = tier.policy.evict(min(count, evictable)) if evictable else []
+        for key in victims:
+            del tier.resident[key]
+            del self.where[key]
+        if not victims:
+            return
+        below = tier.index + 1
+        if below < len(self.tiers):
+            tier.stats.demoted_out += len(victims)
+            self._write(below, victims)
+        else:
+            tier.stats.dropped += len(victims)
+
+    def _remove(self, tier: LowerTier, key: int) -> None:
+        del tier.resident[key]
+        del self.where[key]
+        tier.policy.forget(key)
+
+    # -- checks ----------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Assert capacity, placement and conservation invariants (tests call this)."""
+        for tier in self.tiers:
+            assert 0 <= tier.used <= tier.capacity_blocks, (tier.name, tier.used)
+            s = tier.stats
+            assert s.written_in == (
+                len(tier.resident)
+                + tier.incoming
+                + s.demoted_out
+                + s.dropped
+                + s.removed_exclusive
+                + s.superseded
+            ), (tier.name, s, len(tier.resident), tier.incoming)
+            for key in tier.resident:
+                assert self.where.get(key) == tier.index
+        placed = sum(len(t.resident) + t.incoming for t in self.tiers)
+        assert placed == len(self.where), (placed, len(self.where))
