@@ -194,3 +194,61 @@ def format_capacity(report: dict[str, Any]) -> str:
     ]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def node_tier_capacity(
+    spec: ModelSpec,
+    profile: Any,
+    *,
+    tp: int = 1,
+    kv_dtype: str = "bf16",
+    weight_dtype: str = "bf16",
+    block_size: int = 16,
+) -> list[dict[str, Any]]:
+    """KV tokens one node can hold in each tier of `profile` (a HardwareProfile), enabled or not.
+
+    HBM: what is left after weights on each of the node's `gpus_per_node / tp` replicas. Below
+    HBM a token needs its KV from every rank (bytes per token per replica); a shared tier (RDMA
+    pool, parallel FS) counts the node's fair share, capacity / shared_by_nodes.
+    """
+    report = capacity_report(
+        spec,
+        hbm_bytes_per_gpu=profile.gpu.hbm_bytes,
+        gpu_memory_utilization=profile.gpu_memory_utilization,
+        tp=tp,
+        kv_dtype=kv_dtype,
+        weight_dtype=weight_dtype,
+        block_size=block_size,
+    )
+    replicas = profile.gpus_per_node / tp
+    per_token = report["kv_bytes_per_token_per_replica"]
+    rows = []
+    for tier in profile.tiers:
+        if tier.name == "hbm":
+            kv_bytes = report["kv_capacity_bytes_per_replica"] * replicas
+            tokens = report["max_tokens"] * replicas
+        else:
+            kv_bytes = tier.capacity_bytes / max(tier.shared_by_nodes, 1)
+            tokens = kv_bytes // per_token
+        rows.append(
+            {
+                "tier": tier.name,
+                "enabled": tier.enabled,
+                "kv_bytes_per_node": int(kv_bytes),
+                "kv_tokens_per_node": int(tokens),
+            }
+        )
+    return rows
+
+
+def format_tier_capacity(rows: list[dict[str, Any]]) -> str:
+    """The per-tier table with a running total, so 'HBM only' and 'all tiers' read off it."""
+    lines = [f"{'tier':<6}{'KV per node':>16}{'tokens':>18}{'cumulative tokens':>20}"]
+    total = 0
+    for row in rows:
+        total += row["kv_tokens_per_node"]
+        lines.append(
+            f"{row['tier']:<6}{format_bytes(row['kv_bytes_per_node']):>16}"
+            f"{row['kv_tokens_per_node']:>18,}{total:>20,}"
+        )
+    return "\n".join(lines)

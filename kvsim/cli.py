@@ -150,6 +150,11 @@ def _default_out() -> Path:
 @click.option("--admission", help="Lower-tier admission: all, second-chance, or nvme=... pairs.")
 @click.option("--prefetch/--no-prefetch", default=None, help="Prefetch during think time.")
 @click.option(
+    "--rope-reuse/--no-rope-reuse",
+    default=None,
+    help="Reuse document/tool KV at new positions by re-rotating keys.",
+)
+@click.option(
     "--timeline-interval",
     "timeline_interval_s",
     type=float,
@@ -220,10 +225,20 @@ def run(config_path: str | None, out: str | None, as_json: bool, **options) -> N
     help="Context length for the max-concurrency figure.",
 )
 @click.option("--block-size", type=int, default=16, show_default=True)
+@click.option(
+    "--tiers", "show_tiers", is_flag=True, help="Also show KV capacity per tier per node."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def size(model, tp, kv_dtype, weight_dtype, hardware, context, block_size, as_json) -> None:
+def size(
+    model, tp, kv_dtype, weight_dtype, hardware, context, block_size, show_tiers, as_json
+) -> None:
     """Exact KV bytes per token and block, weights, and how many sequences fit in HBM."""
-    from kvsim.capacity import capacity_report, format_capacity
+    from kvsim.capacity import (
+        capacity_report,
+        format_capacity,
+        format_tier_capacity,
+        node_tier_capacity,
+    )
     from kvsim.hardware import load_profile
     from kvsim.models import load_model
 
@@ -243,7 +258,21 @@ def size(model, tp, kv_dtype, weight_dtype, hardware, context, block_size, as_js
         block_size=block_size,
     )
     report = {"hardware": profile.name, **report}
-    click.echo(json.dumps(report) if as_json else format_capacity(report))
+    if show_tiers:
+        report["tiers"] = node_tier_capacity(
+            spec,
+            profile,
+            tp=tp,
+            kv_dtype=kv_dtype,
+            weight_dtype=weight_dtype,
+            block_size=block_size,
+        )
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    click.echo(format_capacity(report))
+    if show_tiers:
+        click.echo("\n" + format_tier_capacity(report["tiers"]))
 
 
 # -- kvsim profile ---------------------------------------------------------------------------------

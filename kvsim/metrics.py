@@ -81,6 +81,7 @@ def summarize(result: RunResult) -> dict[str, object]:
         "tiers": result.tiers,
         "links": result.links,
         "prefetched_blocks": result.prefetched_blocks,
+        "rope_reused_tokens": int(t.column("rope_reused_tokens").to_numpy()[done].sum()),
         "load_wait_p50_s": _pct(t.column("load_wait_s").to_numpy()[done], 50),
         "cost_model": result.cost_model,
         "cost_model_reason": result.cost_model_reason,

@@ -165,3 +165,64 @@ def test_profile_commands(tmp_path):
     bad.write_text("name = 'x'\n")
     proc = kvsim("profile", "validate", str(bad))
     assert proc.returncode == 2 and "bad.toml" in proc.stderr
+
+
+def test_run_with_tiers_reports_tiers_cost_and_timeline(tmp_path):
+    out = tmp_path / "tiers"
+    proc = kvsim(
+        "run",
+        "--trace",
+        "mooncake-conversation",
+        "--max-requests",
+        "200",
+        "--tiers",
+        "hbm,dram,nvme",
+        "--tier",
+        "dram=64GiB",
+        "--tier",
+        "nvme=2TB",
+        "--policy",
+        "hbm=lru,dram=s3fifo",
+        "--num-gpu-blocks",
+        "4000",
+        "--out",
+        str(out),
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert set(summary["hit_ratio_by_tier"]) == {"hbm", "dram", "nvme"}
+    assert summary["prefix_hit_ratio"] == pytest.approx(sum(summary["hit_ratio_by_tier"].values()))
+    assert summary["cost_usd"] > 0 and summary["cost_per_million_tokens_usd"] > 0
+    assert summary["tiers"]["dram"]["capacity_blocks"] == 64 * 2**30 // 8 // (16 * 131_072)
+    timeline = pq.read_table(out / "timeline.parquet")
+    assert {"time_s", "hbm_used_blocks", "dram_blocks", "nvme_link_busy"} <= set(
+        timeline.column_names
+    )
+    config = tomllib.loads((out / "config.toml").read_text())
+    assert config["engine"]["tiers"] == "hbm,dram,nvme"
+
+
+def test_size_with_tiers_counts_every_tier():
+    proc = kvsim("size", "--model", "llama-3.1-70b", "--tp", "8", "--tiers", "--json")
+    assert proc.returncode == 0, proc.stderr
+    tiers = {row["tier"]: row for row in json.loads(proc.stdout)["tiers"]}
+    assert list(tiers) == ["hbm", "dram", "cxl", "nvme", "rdma", "pfs"]
+    assert tiers["dram"]["kv_tokens_per_node"] == 2 * 10**12 // 327_680
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--tiers", "hbm,ssd"], "unknown tier 'ssd'"),
+        (["--tier", "dram=lots"], "dram=lots"),
+        (["--tier", "hbm=1TB"], "num-gpu-blocks"),
+        (["--policy", "hbm=lru,dram=nope"], "unknown policy 'nope'"),
+        (["--admission", "dram=sometimes"], "admission"),
+    ],
+)
+def test_bad_tier_options(tmp_path, args, needle):
+    proc = kvsim("run", "--max-requests", "5", *args, "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o" / "summary.json").exists()

@@ -232,3 +232,16 @@ def test_hierarchy_invariants(case):
         link = result.links[name]
         # bytes conservation on the link: every byte written or read was counted once
         assert link["bytes_written"] >= tier["bytes_written"] - 1
+
+
+def test_rope_reuse_takes_a_document_at_a_new_position():
+    doc = (777, 1600)
+    first = Req([(1, 200), doc, (2, 50)], 4, arrival_s=0.0, kinds=["system", "document", "user"])
+    # the same document after a different system prompt: no shared prefix, same content
+    second = Req([(3, 328), doc, (4, 50)], 4, arrival_s=5.0, kinds=["system", "document", "user"])
+    _, off = run([first, second], tiers="hbm")
+    _, on = run([first, second], tiers="hbm", rope_reuse=True)
+    assert off["cached_tokens"][1] == 0 and off["rope_reused_tokens"][1] == 0
+    assert on["rope_reused_tokens"][1] == 1600 - 1600 % 16 - 16  # the doc's blocks inside it
+    assert on["rope_reused_tokens"][0] == 0
+    assert on["ttft_s"][1] < off["ttft_s"][1]

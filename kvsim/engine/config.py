@@ -61,6 +61,13 @@ class EngineConfig:
         default=0.5,
         metadata={"help": "start a prefetch this long before the next turn is due (assumption)"},
     )
+    rope_reuse: bool = field(
+        default=False,
+        metadata={
+            "help": "reuse a document or tool segment's KV at a new position by re-rotating "
+            "its keys, instead of recomputing it"
+        },
+    )
     timeline_interval_s: float = field(
         default=1.0, metadata={"help": "simulated seconds between timeline samples"}
     )

@@ -55,6 +55,9 @@ class Replica:
         self.loading: list[Request] = []  # admitted, waiting for blocks from lower tiers
         self.prefetching_blocks = 0  # HBM blocks held by prefetches in flight
         self.prefetched_blocks = 0
+        # position-independent reuse: segment hash -> block hashes holding its KV somewhere
+        self.segment_blocks: dict[int, list[int]] = {}
+        self.rerotate_s_per_token = 0.0  # set by the simulation from the KV bytes and HBM
         self.iterations = 0
         self.coalesced_steps = 0
         self.busy_s = 0.0
@@ -99,12 +102,19 @@ class Replica:
                 continue
             prefill = []
             decode = []
+            rotated = 0
             for req, n in batch:
                 if n == 1:
                     decode.append(req.computed)
-                else:
+                    continue
+                if req.rope_ranges:  # tokens reused at a new position: re-rotated, not computed
+                    reused = self._rope_overlap(req, req.computed, req.computed + n)
+                    rotated += reused
+                    n -= reused
+                if n:
                     prefill.append((n, req.computed))
             duration = self.cost.iteration_time_s(prefill, decode)
+            duration += rotated * self.rerotate_s_per_token
             yield env.timeout(duration)
             self.busy_s += duration
             self.iterations += 1
@@ -225,6 +235,8 @@ class Replica:
             req.processed_blocks = hit
             if load:
                 continue
+            if self.config.rope_reuse:
+                self._rope_plan(req, hit * bs)
             running.append(req)
             batch.append((req, n))
             budget -= n
@@ -254,6 +266,8 @@ class Replica:
         self.block_ops += end - req.processed_blocks
         req.processed_blocks = end
         req.computed = end * self.block_size
+        if self.config.rope_reuse:
+            self._rope_plan(req, req.computed)
         self.running.append(req)
         self._notify()
 
@@ -314,6 +328,48 @@ class Replica:
         req.held_cached += self.pool.register(hashes, req.processed_blocks, full, self.env.now)
         self.block_ops += full - req.processed_blocks
         req.processed_blocks = full
+        if req.pic_segments:
+            self._record_segments(req)
+
+    # -- position-independent (RoPE-aware) reuse ---------------------------------------------
+    def _record_segments(self, req: Request) -> None:
+        """Remember where the KV of each reusable segment (document, tool output) now is: the
+        request's full blocks inside it, once computed."""
+        assert req.hashes is not None and req.pic_segments is not None
+        bs = self.block_size
+        while req.pic_next < len(req.pic_segments):
+            start, end, key = req.pic_segments[req.pic_next]
+            if end > req.computed:
+                return
+            first, last = -(-start // bs), min(end // bs, len(req.hashes))
+            if last > first:
+                self.segment_blocks[key] = req.hashes[first:last]
+            req.pic_next += 1
+
+    def _rope_plan(self, req: Request, start: int) -> None:
+        """Which tokens after `start` `req` can take from a cached copy of the same segment at
+        another position, by re-rotating its keys (RoPE is a rotation by position, so moving KV
+        to a new position is one elementwise pass; cross-segment attention is not redone, the
+        approximation CacheBlend and EPIC measure)."""
+        req.rope_ranges = None
+        if not req.pic_segments:
+            return
+        refs = self.pool.refs
+        ranges = []
+        for seg_start, seg_end, key in req.pic_segments:
+            if seg_start < start:
+                continue
+            blocks = self.segment_blocks.get(key)
+            if blocks and all(k in refs for k in blocks):
+                ranges.append((seg_start, min(seg_start + len(blocks) * self.block_size, seg_end)))
+        req.rope_ranges = ranges or None
+
+    def _rope_overlap(self, req: Request, lo: int, hi: int) -> int:
+        total = 0
+        for start, end in req.rope_ranges or ():
+            total += max(0, min(end, hi) - max(start, lo))
+        req.rope_tokens += total
+        return total
 
     def _complete(self, batch: list[tuple[Request, int]]) -> None:
         now = self.env.now

@@ -31,9 +31,13 @@ class Request:
         "load_wait_s",
         "lower_tokens",
         "output_tokens",
+        "pic_next",
+        "pic_segments",
         "preemptions",
         "processed_blocks",
         "recomputed_tokens",
+        "rope_ranges",
+        "rope_tokens",
         "scheduled_s",
     )
 
@@ -53,6 +57,12 @@ class Request:
         self.lower_tokens: list[int] | None = None  # prompt tokens loaded from each lower tier
         self.load_started_s = 0.0
         self.load_wait_s = 0.0
+        # position-independent reuse: (start, end, hash) of reusable segments, and the token
+        # ranges this admission takes from cached copies elsewhere
+        self.pic_segments: list[tuple[int, int, int]] | None = None
+        self.pic_next = 0
+        self.rope_ranges: list[tuple[int, int]] | None = None
+        self.rope_tokens = 0
         self.preemptions = 0
         self.hashes: list[int] | None = None  # full-block hashes of prompt + reply
         self.kinds = None  # kind code of each block, only for policies that read it
@@ -68,3 +78,5 @@ class Request:
         self.held_blocks = 0
         self.held_cached = []
         self.processed_blocks = 0
+        self.pic_next = 0
+        self.rope_ranges = None

@@ -21,13 +21,15 @@ from kvsim.hardware.measured import make_cost_model
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.kvcache import BlockPool
 from kvsim.kvcache.hierarchy import Hierarchy
-from kvsim.models import ModelSpec, kv_bytes_per_block
+from kvsim.models import ModelSpec, kv_bytes_per_block, kv_bytes_per_token
 from kvsim.policies import make_policy
 from kvsim.traces import Trace
 from kvsim.traces.blocks import batch_block_hashes, block_kinds, sequence_block_hashes
 from kvsim.traces.schema import KIND_CODES, SEGMENT_KINDS, segment_columns
 
 ProgressFn = Callable[[int, int], None]
+# segments whose KV can be reused at another position (a document, a tool's output)
+_POSITION_INDEPENDENT = np.array([KIND_CODES["document"], KIND_CODES["tool"]], dtype=np.uint8)
 
 
 @dataclass
@@ -103,7 +105,7 @@ class _TraceRequests:
         self.seg_tokens = segments.tokens
         self.seg_kinds = segments.kinds
 
-    def load_chain(self, req: Request, with_kinds: bool) -> None:
+    def load_chain(self, req: Request, with_kinds: bool, with_segments: bool = False) -> None:
         """Set `req.hashes` (full blocks of prompt + reply) and, if asked, each block's kind."""
         i = req.index
         lo, hi = self.seg_offsets[i], self.seg_offsets[i + 1]
@@ -111,6 +113,15 @@ class _TraceRequests:
         req.hashes = sequence_block_hashes(
             self.seg_hash[lo:hi], self.seg_tokens[lo:hi], out_hash, out_tokens, self.block_size
         ).tolist()
+        if with_segments:
+            kinds, tokens = self.seg_kinds[lo:hi], self.seg_tokens[lo:hi]
+            ends = np.cumsum(tokens)
+            starts = ends - tokens
+            hashes = self.seg_hash[lo:hi]
+            req.pic_segments = [
+                (int(starts[j]), int(ends[j]), int(hashes[j]))
+                for j in np.flatnonzero(np.isin(kinds, _POSITION_INDEPENDENT))
+            ] or None
         if with_kinds:
             kinds, tokens = self.seg_kinds[lo:hi], self.seg_tokens[lo:hi]
             if out_hash:
@@ -236,9 +247,13 @@ def simulate(
     describes = pool.describes
 
     def load_chain(req: Request) -> None:
-        source.load_chain(req, describes)
+        source.load_chain(req, describes, config.rope_reuse)
 
     replica = Replica(env, config, pool, cost, load_chain, on_finish, hierarchy)
+    # re-rotating a reused token's keys reads and writes them once (an elementwise pass)
+    replica.rerotate_s_per_token = kv_bytes_per_token(model, config.kv_dtype, config.tp) / (
+        profile.gpu.hbm_bandwidth_bytes_per_s * profile.efficiency.memory
+    )
     timeline = Timeline(env, replica, hierarchy, config.timeline_interval_s)
 
     def arrivals():
@@ -314,6 +329,7 @@ def _requests_table(
             "preemptions": col("preemptions", np.int64),
             "recomputed_tokens": col("recomputed_tokens", np.int64),
             "load_wait_s": col("load_wait_s"),
+            "rope_reused_tokens": col("rope_tokens", np.int64),
             **{
                 f"{tier.name}_tokens": np.fromiter(
                     (r.lower_tokens[tier.index] if r.lower_tokens else 0 for r in requests),
