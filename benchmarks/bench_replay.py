@@ -31,12 +31,15 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--policy", default="lru")
     parser.add_argument("--rate-scale", type=float, default=1.0)
+    parser.add_argument("--tiers", default="hbm", help="memory tiers (default: HBM only)")
     args = parser.parse_args()
 
     start = time.perf_counter()
     trace = load_trace(args.trace, rate_scale=args.rate_scale)
     load_s = time.perf_counter() - start
-    config = EngineConfig(tp=args.tp, block_size=args.block_size, policy=args.policy)
+    config = EngineConfig(
+        tp=args.tp, block_size=args.block_size, policy=args.policy, tiers=args.tiers
+    )
     result = simulate(trace, load_model(args.model), load_profile(args.hardware), config)
     summary = summarize(result)
     wall = time.perf_counter() - start

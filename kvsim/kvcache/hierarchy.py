@@ -22,15 +22,26 @@ Byte conservation, which the tests check:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import filterfalse, islice, takewhile
+from operator import is_not
 
+import numpy as np
 import simpy
 
 from kvsim.kvcache.link import Link
 from kvsim.policies.base import BlockInfo, EvictionPolicy
 
 ADMISSIONS = ("all", "second-chance")
+_is_not_none = partial(is_not, None)
+
+
+def consume(iterator) -> None:
+    """Run an iterator of side effects at C speed."""
+    deque(iterator, maxlen=0)
 
 
 @dataclass(slots=True)
@@ -105,7 +116,8 @@ class Hierarchy:
         self.write_through = write_through
         self.inclusive = inclusive
         self.in_hbm = in_hbm
-        self.where: dict[int, int] = {}  # block hash -> index of the tier holding it
+        self.where: dict[int, int] = {}  # resident block hash -> index of its tier
+        self.writing: dict[int, int] = {}  # block hash -> tier it is being written into
         self.info = BlockInfo(size_bytes=block_bytes)
 
     def __bool__(self) -> bool:
@@ -115,37 +127,27 @@ class Hierarchy:
     def chain(self, hashes: list[int], start: int, limit: int) -> list[int]:
         """Tier index of each block `start, start+1, ...` of a chain found below HBM, up to the
         first block found nowhere (a block whose prefix is missing is useless)."""
-        where = self.where
-        tiers = self.tiers
-        found: list[int] = []
-        for position in range(start, limit):
-            key = hashes[position]
-            tier = where.get(key)
-            if tier is None or key not in tiers[tier].resident:  # absent, or still being written
-                break
-            found.append(tier)
-        return found
+        return list(takewhile(_is_not_none, map(self.where.get, islice(hashes, start, limit))))
 
-    def load_estimate_s(self, tiers: list[int]) -> list[float]:
+    def load_estimate_s(self, tiers: list[int]) -> np.ndarray:
         """Cumulative seconds to load the first 1, 2, ... of these blocks, on the links as they
         are loaded now (a link with k loads in flight gives a new one 1/(k+1); write-backs
-        yield to loads)."""
-        out: list[float] = []
-        total = 0.0
-        seen: set[int] = set()
-        for t in tiers:
-            tier = self.tiers[t]
-            share = tier.link.reads_in_flight + 1
-            if t not in seen:
-                seen.add(t)
-                total += tier.link.latency_s
-            total += share * self.block_bytes / tier.link.read_bytes_per_s
+        yield to loads); each tier's latency is paid once."""
+        per_block = np.empty(len(self.tiers))
+        latency = np.empty(len(self.tiers))
+        for tier in self.tiers:
+            link = tier.link
+            cost = (link.reads_in_flight + 1) * self.block_bytes / link.read_bytes_per_s
             if tier.bounce is not None:
-                total += (
-                    (tier.bounce.in_flight + 1) * self.block_bytes / (tier.bounce.read_bytes_per_s)
-                )
-            out.append(total)
-        return out
+                bounce = tier.bounce
+                cost += (bounce.reads_in_flight + 1) * self.block_bytes / bounce.read_bytes_per_s
+            per_block[tier.index] = cost
+            latency[tier.index] = link.latency_s
+        index = np.asarray(tiers)
+        steps = per_block[index]
+        used, first = np.unique(index, return_index=True)
+        np.add.at(steps, first, latency[used])
+        return np.cumsum(steps)
 
     # -- loads ---------------------------------------------------------------------------------
     def load(self, keys: list[int], tiers: list[int], tokens: list[int]) -> simpy.Event:
@@ -205,8 +207,7 @@ class Hierarchy:
         """HBM evicted these blocks: write down the ones no tier below holds (write-back)."""
         if not self.tiers or self.write_through:
             return
-        where = self.where
-        self._write(0, [k for k in keys if k not in where])
+        self._write(0, self._not_below(keys))
 
     def computed_in_hbm(self, keys: list[int]) -> None:
         """HBM just computed (or loaded) these blocks. Write-through copies them down now; an
@@ -215,7 +216,7 @@ class Hierarchy:
             return
         where = self.where
         if self.write_through:
-            self._write(0, [k for k in keys if k not in where])
+            self._write(0, self._not_below(keys))
         elif not self.inclusive:
             for key in keys:
                 t = where.get(key)
@@ -226,6 +227,11 @@ class Hierarchy:
                     tier.policy.discard(key)
                     self._remove(tier, key)
                     tier.stats.removed_exclusive += 1
+
+    def _not_below(self, keys: list[int]) -> list[int]:
+        """The keys no tier holds or is being written (so a block is never written twice)."""
+        keys = list(filterfalse(self.where.__contains__, keys))
+        return list(filterfalse(self.writing.__contains__, keys)) if self.writing else keys
 
     def _write(self, start: int, keys: list[int]) -> None:
         """Write `keys` into the first tier from `start` down that admits each; one transfer
@@ -260,23 +266,23 @@ class Hierarchy:
             return
         tier.incoming += len(keys)
         tier.stats.written_in += len(keys)
-        self.where.update(dict.fromkeys(keys, tier.index))  # claimed now: no second write
+        self.writing.update(dict.fromkeys(keys, tier.index))
         done = tier.link.transfer(len(keys) * self.block_bytes, write=True)
         done.callbacks.append(lambda _ev: self._landed(tier, keys))
 
     def _landed(self, tier: LowerTier, keys: list[int]) -> None:
         tier.incoming -= len(keys)
         self.info.now_s = self.env.now
+        consume(map(self.writing.pop, keys))
         if not self.inclusive:
             back = [k for k in keys if self.in_hbm(k)]
             if back:
                 # back in HBM before its copy landed: keeping it would put it in two tiers
-                for key in back:
-                    del self.where[key]
                 tier.stats.superseded += len(back)
                 gone = set(back)
                 keys = [k for k in keys if k not in gone]
         tier.resident.update(dict.fromkeys(keys))
+        self.where.update(dict.fromkeys(keys, tier.index))
         if self.info.future is None:
             zeros = [0] * len(keys)
             tier.policy.add_many(keys, zeros, zeros, self.info)
@@ -294,9 +300,8 @@ class Hierarchy:
     def _make_room(self, tier: LowerTier, count: int) -> None:
         evictable = len(tier.policy)
         victims = tier.policy.evict(min(count, evictable)) if evictable else []
-        for key in victims:
-            del tier.resident[key]
-            del self.where[key]
+        consume(map(tier.resident.__delitem__, victims))
+        consume(map(self.where.__delitem__, victims))
         if not victims:
             return
         below = tier.index + 1
@@ -327,5 +332,6 @@ class Hierarchy:
             ), (tier.name, s, len(tier.resident), tier.incoming)
             for key in tier.resident:
                 assert self.where.get(key) == tier.index
-        placed = sum(len(t.resident) + t.incoming for t in self.tiers)
-        assert placed == len(self.where), (placed, len(self.where))
+            assert tier.incoming == sum(1 for t in self.writing.values() if t == tier.index)
+        resident = sum(len(t.resident) for t in self.tiers)
+        assert resident == len(self.where), (resident, len(self.where))
