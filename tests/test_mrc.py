@@ -40,6 +40,16 @@ def test_json_and_plot(tmp_path) -> None:
     assert png.stat().st_size > 1000
 
 
+def test_ema_head_reports_attention_mass_lost() -> None:
+    out = CliRunner().invoke(
+        mrc, [*ARGS, "--policy", "lru,ema-head", "--capacity", "200", "--json"]
+    )
+    assert out.exit_code == 0, out.output
+    lru, ema = json.loads(out.output)["results"]
+    assert "attention_mass_lost" not in lru
+    assert ema["attention_mass_lost"] == 0.0 and ema["lossy_hits"] == 0  # lossless default
+
+
 def test_prefix_never_beats_plain() -> None:
     runs = {}
     for sem in ("plain", "prefix"):

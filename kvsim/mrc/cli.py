@@ -56,7 +56,9 @@ def run_mrc(
             if policy.needs_future and future is None:
                 future = next_use(seq.keys)
             result = replay(seq, policy, capacity, semantics, future=future)
-            results.append(ReplayResult(name, capacity, semantics, result.accesses, result.hits))
+            results.append(
+                ReplayResult(name, capacity, semantics, result.accesses, result.hits, result.extra)
+            )
     return results
 
 

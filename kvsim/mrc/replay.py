@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.mrc.heads import replay_heads
 from kvsim.policies.base import BlockInfo, EvictionPolicy
+from kvsim.policies.ema_head import EmaHead
 from kvsim.policies.fifo import FIFO
 from kvsim.policies.lru import LRU
 from kvsim.policies.vllm import VLLM
@@ -69,6 +71,8 @@ class ReplayResult:
     semantics: str
     accesses: int
     hits: int
+    extra: dict[str, float] | None = None
+    """Policy-specific figures (ema-head: attention_mass_lost, lossy_hits), added to the JSON."""
 
     @property
     def hit_ratio(self) -> float:
@@ -82,6 +86,7 @@ class ReplayResult:
             "accesses": self.accesses,
             "hits": self.hits,
             "hit_ratio": self.hit_ratio,
+            **(self.extra or {}),
         }
 
 
@@ -128,12 +133,17 @@ def replay(
     future: np.ndarray | None = None,
     fast: bool = True,
 ) -> ReplayResult:
-    """Replay ``seq`` through ``policy`` in a cache of ``capacity`` blocks."""
+    """Replay ``seq`` through ``policy`` in a cache of ``capacity`` blocks.
+
+    ``ema-head`` replays head group by head group (kvsim.mrc.heads) unless its params say
+    ``head_granular=False``: then it orders whole blocks, as in the engine."""
     if semantics not in SEMANTICS:
         raise ValueError(f"semantics must be one of {SEMANTICS}, got {semantics!r}")
     if capacity < 1:
         raise ValueError(f"capacity must be >= 1 block, got {capacity}")
     name = policy.name or type(policy).__name__
+    if isinstance(policy, EmaHead) and policy.params.head_granular:
+        return replay_heads(seq, policy, capacity, semantics)
     keys = seq.keys.tolist()
     fast_loop = FAST_PLAIN.get(type(policy)) if fast and semantics == "plain" else None
     if fast_loop is not None:

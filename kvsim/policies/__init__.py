@@ -14,6 +14,7 @@ from kvsim.policies.asym_cost import AsymCost
 from kvsim.policies.base import BlockInfo, EvictionPolicy
 from kvsim.policies.bayes_reuse import BayesReuse
 from kvsim.policies.belady import Belady
+from kvsim.policies.ema_head import EmaHead
 from kvsim.policies.fifo import FIFO
 from kvsim.policies.gdsf import GDSF
 from kvsim.policies.lfu import LFU
@@ -67,6 +68,7 @@ for _cls in (
     MooncakeLength,
     SRF,
     BayesReuse,
+    EmaHead,
     AsymCost,
     Belady,
 ):
