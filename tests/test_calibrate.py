@@ -55,6 +55,7 @@ def test_cpu_calibration_end_to_end(tmp_path: Path) -> None:
     assert {"gemm.png", "decode_attention.png", "forward.png", "copy_h2d.png"} <= set(pngs)
     validation = profile.measured["validation"]
     assert "forward_median_error" in validation and "gemm_median_error" in validation
+    assert profile.measured["rounds"] >= 3 and profile.measured["scrub_bytes"] > 0
     _simulate_with_measured_profile(load_model(str(model)), profile)
 
 
@@ -89,3 +90,109 @@ def test_unsupported_model_is_refused(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="PyTorch is not installed: pip install 'kvsim[calibrate]'")
     with pytest.raises(KvsimError, match="mixture-of-experts"):
         run_calibration("mixtral-8x7b", tmp_path / "x.toml", device="cpu", quick=True)
+
+
+def test_plan_keeps_fitted_and_checked_points_apart() -> None:
+    pytest.importorskip("torch", reason="PyTorch is not installed: pip install 'kvsim[calibrate]'")
+    from kvsim.calibrate.run import make_plan
+
+    for device in ("cpu", "cuda"):
+        for quick in (True, False):
+            plan = make_plan(device, quick)
+            assert not set(plan.tokens) & set(plan.tokens_held)
+            assert not set(plan.prefill) & set(plan.prefill_held)
+            grid = {(b, c) for b in plan.decode_batch for c in plan.decode_context}
+            assert not grid & set(plan.decode_held)
+            fit = {(b.prefill, b.decode, b.decode_context) for b in plan.fit_batches}
+            assert not fit & {(b.prefill, b.decode, b.decode_context) for b in plan.batches}
+
+
+def test_grouped_decode_matches_per_head_attention() -> None:
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    import torch.nn.functional as F
+
+    from kvsim.calibrate.ops import decode_batch, mla_decode
+
+    gen = torch.Generator().manual_seed(0)
+    b, heads, kvh, d, ctx = 3, 8, 2, 16, 10
+    q, k, v = (torch.randn(b, h, d, generator=gen) for h in (heads, kvh, kvh))
+    kc, vc = (torch.randn(b, kvh, ctx + 1, d, generator=gen) for _ in range(2))
+    out = decode_batch(q, k, v, kc, vc, ctx)
+    ref = F.scaled_dot_product_attention(q[:, :, None], kc, vc, enable_gqa=True)
+    assert torch.allclose(out, ref[:, :, 0].reshape(b, -1), atol=1e-5)
+    ql = torch.randn(b, heads, 1, 12, generator=gen)
+    cache = torch.randn(b, 1, ctx, 12, generator=gen)
+    ref = F.scaled_dot_product_attention(ql, cache, cache[..., :8], enable_gqa=True)
+    assert torch.allclose(mla_decode(ql, cache, 8), ref, atol=1e-5)
+
+
+def test_measure_interleaves_rounds_and_settles_each_probe() -> None:
+    pytest.importorskip("torch", reason="PyTorch is not installed")
+    from kvsim.calibrate.bench import Probe, measure
+
+    calls: list[str] = []
+
+    def probe(name: str, seconds: float):
+        def build():
+            return lambda: calls.append(name) or {"a": seconds, "b": 2 * seconds}
+
+        return Probe(build)
+
+    out = measure([probe("x", 1.0), probe("y", 2.0)], rounds=3, reps=1, warmup=1, target_s=0.5)
+    # warm-up, then one timed call a round; later rounds go the other way and settle with an
+    # untimed call first, except a call long enough (y: 6 s > 10 x 0.5 s) to settle itself
+    assert "".join(calls) == "xxyy" + "yxx" + "xxy"  # rounds 1, 2, 3
+    assert [{k: t.seconds for k, t in parts.items()} for parts in out] == [
+        {"a": 1.0, "b": 2.0},
+        {"a": 2.0, "b": 4.0},
+    ]
+
+
+def test_layer_sampler_times_every_part_of_a_layer(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    from kvsim.calibrate.bench import layer_sampler
+    from kvsim.calibrate.decoder import Batch, RandomDecoder
+
+    spec = load_model(str(_tiny(tmp_path)))
+    decoder = RandomDecoder(spec, 1, torch.bfloat16, "cpu", layers=2)
+    with torch.inference_mode():
+        sample = layer_sampler(decoder, Batch("mixed", ((8, 24),), 3, 40), torch.device("cpu"))
+        parts = sample()
+    assert set(parts) == {"qkv", "o", "gate_up", "down", "elementwise", "attention"}
+    assert all(s > 0 for s in parts.values())
+
+
+MLA = """
+name = "tiny-mla"
+hf_config = "none/tiny-mla"
+hidden_size = 256
+num_layers = 2
+num_attention_heads = 4
+vocab_size = 1024
+tie_word_embeddings = true
+
+[[layer_groups]]
+kind = "mla"
+layers = 2
+num_heads = 4
+kv_lora_rank = 64
+qk_rope_head_dim = 16
+qk_nope_head_dim = 32
+v_head_dim = 32
+
+[[mlp_groups]]
+layers = 2
+intermediate_size = 512
+"""
+
+
+def test_mla_is_timed_kernel_by_kernel_without_a_forward_check(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="PyTorch is not installed: pip install 'kvsim[calibrate]'")
+    from kvsim.calibrate.run import calibrate as run
+
+    path = tmp_path / "mla.toml"
+    path.write_text(MLA)
+    result = run(load_model(str(path)), None, quick=True, storage_dir=str(tmp_path))
+    assert not result.forward and "MLA is not supported" in result.notes[0]
+    assert {"q", "kv_a", "kv_b", "o", "lm_head"} <= set(result.measured["gemm"])
+    assert make_cost_model(load_model(str(path)), result.profile).kind == "measured"

@@ -196,7 +196,8 @@ def _write(tmp_path: Path, measured: dict) -> Path:
 
 
 def test_a_good_measured_profile_loads(tmp_path: Path, tiny) -> None:
-    path = _write(tmp_path, _measured(tiny, None, 2.0))
+    doc = _measured(tiny, None, 2.0) | {"rounds": 5, "scrub_bytes": 1 << 20}  # provenance
+    path = _write(tmp_path, doc)
     profile = validate_profile(path)
     assert make_cost_model(tiny, profile).kind == "measured"
 
@@ -269,3 +270,22 @@ def test_corrupt_measured_tables_name_file_and_field(tmp_path: Path, tiny, edit,
         validate_profile(path)
     message = str(info.value)
     assert "bad.toml: " in message and expected in message and "\n" not in message
+
+
+def test_extrapolation_never_undercuts_the_measured_edge() -> None:
+    """Measurements far above the roofline (a CPU's) must not bend down past the last point."""
+    x = np.array([64.0, 256, 1024])
+    t = 1e4 * roof(x)  # 10^4 x slower than the roofline
+    curve = RateCurve(x, t, roof)
+    beyond = curve(np.geomspace(1024, 1e6, 50))
+    assert np.all(np.diff(beyond) >= -1e-12 * beyond[1:]) and beyond[0] == pytest.approx(t[-1])
+    assert np.all(curve(np.geomspace(1, 64, 50)) <= t[0] * (1 + 1e-12))
+
+    def roof2(b, c):
+        return 1e-9 * np.asarray(b) * np.asarray(c)
+
+    batch, ctx = np.array([1.0, 4, 16]), np.array([64.0, 256, 1024])
+    grid = RateGrid(batch, ctx, 1e4 * roof2(batch[:, None], ctx[None, :]), roof2)
+    row = grid(1.0, np.geomspace(1024, 1e6, 50))
+    assert np.all(np.diff(row) >= -1e-12 * row[1:])
+    assert row[0] == pytest.approx(1e4 * roof2(1, 1024))

@@ -1,19 +1,31 @@
-"""Microbenchmarks: time each kernel family at a sweep of sizes, median and spread.
+"""Microbenchmarks: time each kernel family at a sweep of sizes, in forward-pass conditions.
 
-Each measurement warms up, then times several repetitions; a repetition runs the kernel enough
-times back to back to last about a millisecond, so timer resolution and Python dispatch jitter
-stay small. GPU repetitions are timed with CUDA events, CPU ones with ``perf_counter``. The
-spread is the interquartile range over the median.
+Timing each op back to back on warm operands predicted a forward pass badly (docs/calibration.md
+has the measurements), so:
+
+- Where the decoder can run the model, GEMMs, elementwise work and attention are timed *inside*
+  single decoder layers (``layer_sampler``), with a stamp after every op, cycling through enough
+  layer copies that weights and KV caches come back as cold as in the whole forward pass.
+  Otherwise (MLA) and for the LM head, each kernel is timed alone after a cache scrub
+  (``Timer.once``).
+- Every point, forward passes included, is timed in interleaved rounds (``measure``) so a
+  shared machine's slow phases fall on all of them alike.
+- On a CPU with one torch thread, times are the thread's CPU time (``cpu_clock``), which
+  another process's time slices do not inflate; GPU times are CUDA events.
+
+Medians are stored with the spread (interquartile range over the median). Host/device copies
+keep back-to-back timing.
 """
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,13 +37,15 @@ from kvsim.calibrate.ops import (
     AttnShape,
     LayerWeights,
     decode_batch,
-    elementwise,
+    elementwise_pieces,
     mla_decode,
     prefill_chunk,
     randn,
     rope_tables,
 )
 from kvsim.hardware.measured import GemmShape
+
+MiB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -42,18 +56,98 @@ class Timing:
     spread: float
 
 
-class Timer:
-    """Times a callable on one device: warm-up, then ``reps`` timed repetitions."""
+def cpu_clock() -> tuple[Callable[[], float], float]:
+    """The clock CPU timings read, and the seconds one reading costs (subtracted per stamp).
 
-    def __init__(self, device: torch.device, warmup: int, reps: int, target_s: float) -> None:
+    With one torch thread, the thread's CPU time: on a shared machine another process takes
+    the core in slices of milliseconds, which a wall clock charges to long calls (a whole
+    forward pass) far more often than to short ones (one op), so sums of ops came out 1.5-2x
+    below forward passes under a load of 3 on 2 cores. With more threads, the wall clock.
+    """
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    reads = []
+    for _ in range(5):
+        start = clock()
+        for _ in range(200):
+            clock()
+        reads.append((clock() - start) / 201)
+    return clock, statistics.median(reads)
+
+
+def last_level_cache_bytes(device: torch.device) -> int:
+    """Size of the cache a kernel's operands can stay warm in: the GPU's L2, or the CPU's
+    largest cache level (sysfs); 64 MiB when the machine does not say."""
+    if device.type == "cuda":
+        size = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+        return int(size) or 64 * MiB
+    best = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": MiB, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    return best or 64 * MiB
+
+
+Piece = tuple[Callable[[], Any], tuple[torch.Tensor, ...]]  # a call and the activations it reads
+
+
+class Timer:
+    """Times calls on one device.
+
+    ``once`` times one call in forward-pass cache state: with ``scrub_bytes`` > 0 it first
+    scrubs the caches and reads the call's activations back in. ``__call__`` times calls back
+    to back in repetitions of about ``target_s`` (for copies, whose operands are large anyway).
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        warmup: int,
+        reps: int,
+        target_s: float,
+        scrub_bytes: int = 0,
+    ) -> None:
         self.device, self.warmup, self.reps, self.target_s = device, warmup, reps, target_s
         self.cuda = device.type == "cuda"
+        self.clock, self.clock_cost = (time.perf_counter, 0.0) if self.cuda else cpu_clock()
+        self.scrub = (
+            torch.zeros(max(1, scrub_bytes // 4), dtype=torch.int32, device=device)
+            if scrub_bytes > 0
+            else None
+        )
 
     def _sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
+    def once(self, fn: Callable[[], Any], warm: Sequence[torch.Tensor] = ()) -> float:
+        """Seconds of one call of ``fn`` after the caches are scrubbed (plain stores, which
+        allocate in cache, unlike a large memset's streaming ones) and ``warm`` is read back
+        in as the previous op would have left it. On a GPU the scrub and the reads are queued
+        before the start event, so the events bracket only the call."""
+        if self.scrub is not None:
+            self.scrub.add_(1)
+        for t in warm:
+            t.sum()
+        if self.cuda:
+            begin = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return begin.elapsed_time(end) / 1000.0
+        start = self.clock()
+        fn()
+        return max(self.clock() - start - self.clock_cost, 1e-9)
+
     def __call__(self, fn: Callable[[], Any]) -> Timing:
+        """Median per call over ``reps`` back-to-back repetitions of about ``target_s``."""
         for _ in range(self.warmup):
             fn()
         self._sync()
@@ -74,11 +168,133 @@ class Timer:
                 end.synchronize()
                 samples.append(begin.elapsed_time(end) / 1000.0 / inner)
             else:
-                start = time.perf_counter()
+                start = self.clock()
                 for _ in range(inner):
                     fn()
-                samples.append((time.perf_counter() - start) / inner)
+                samples.append((self.clock() - start) / inner)
         return summarize(samples)
+
+
+Sample = dict[str, float]  # seconds of one call, by part
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One measured point: ``build`` makes its tensors and returns a sampler, whose every call
+    times the point once, by part. ``keep`` holds the tensors across rounds; a large one (a
+    forward pass's KV caches) is rebuilt each round instead. ``settle`` untimed calls start
+    each round: the first call after other shapes ran finds the allocator holding blocks of
+    the wrong sizes and pays for fresh pages (measured: qwen2.5-0.5b decode attention at
+    B=16, C=64 took 1.35 ms so, 0.32 ms settled), which a forward pass, where every layer
+    repeats the shapes of the one before, does not."""
+
+    build: Callable[[], Callable[[], Sample]]
+    keep: bool = True
+    settle: int = 1  # untimed calls each round, before the timed ones
+
+
+def pieces_sampler(timer: Timer, pieces: list[Piece]) -> Callable[[], Sample]:
+    """A sampler timing each piece on its own in forward-pass cache state (``Timer.once``)."""
+    return lambda: {f"piece{j}": timer.once(fn, warm) for j, (fn, warm) in enumerate(pieces)}
+
+
+def measure(
+    probes: list[Probe], rounds: int, reps: int, warmup: int, target_s: float
+) -> list[dict[str, Timing]]:
+    """Time every probe ``rounds`` times over, interleaved: ``reps`` calls a round, or up to 8x
+    as many when that many fit in ``target_s``. Returns each probe's median time by part.
+
+    A shared machine drifts between fast and slow phases lasting seconds (measured: medians
+    over 1.5 s windows of one forward pass varied 1.8x on the 2-core build box). Visiting every
+    point once per round, in alternating order, spreads those phases over the kernels and the
+    forward passes alike, so their medians stay comparable.
+    """
+    built: list[Callable[[], Sample] | None] = [None] * len(probes)
+    samples: list[dict[str, list[float]]] = [{} for _ in probes]
+    calls: list[int] = [reps] * len(probes)
+    settle: list[int] = [p.settle for p in probes]
+    for r in range(rounds):
+        order = range(len(probes)) if r % 2 == 0 else range(len(probes) - 1, -1, -1)
+        for i in order:
+            sampler = built[i]
+            if sampler is None:
+                sampler = probes[i].build()
+                first = 1e-7
+                for _ in range(warmup):
+                    first = max(sum(sampler().values()), 1e-7)
+                if probes[i].keep:
+                    built[i] = sampler
+                if r == 0:  # short calls get more samples: cheap, and steadier
+                    calls[i] = max(reps, min(8 * reps, int(target_s / first)))
+                    if first > 10 * target_s:  # long enough to settle itself as it runs
+                        settle[i] = 0
+            for _ in range(settle[i] if r else 0):
+                sampler()
+            for _ in range(calls[i]):
+                for part, seconds in sampler().items():
+                    samples[i].setdefault(part, []).append(seconds)
+            del sampler
+    return [{part: summarize(v) for part, v in s.items()} for s in samples]
+
+
+def total(parts: dict[str, Timing]) -> Timing:
+    """The sum of parts' medians, with their time-weighted spread."""
+    seconds = sum(t.seconds for t in parts.values())
+    return Timing(seconds, sum(t.spread * t.seconds for t in parts.values()) / seconds)
+
+
+def layer_sampler(decoder: Any, batch: Any, device: torch.device) -> Callable[[], Sample]:
+    """Per-part seconds (GEMM roles, elementwise, attention) of one decoder layer on ``batch``.
+
+    Each call runs the next of the decoder's layer copies, so a copy's weights and KV cache
+    are as cold when it comes round again as a layer's are in a whole forward pass, and each
+    op runs right after the op before it, as in the forward. Op boundaries are CUDA events on
+    a GPU (read after the layer), ``cpu_clock`` stamps on a CPU.
+    """
+    state = decoder.prepare(batch)
+    x = randn((batch.tokens, decoder.model.hidden_size), decoder.dtype, device, 1.0)
+    copies = len(decoder.layers)
+    for i in range(copies):  # first touch of every copy's outputs, untimed
+        decoder.layer(i, x, batch, state)
+    turn = itertools.count()
+    cuda = device.type == "cuda"
+    clock, cost = (time.perf_counter, 0.0) if cuda else cpu_clock()
+
+    def sample() -> Sample:
+        i = next(turn) % copies
+        marks: list[tuple[str, Any]] = []
+        parts: Sample = {}
+        if cuda:
+
+            def mark(part: str) -> None:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                marks.append((part, event))
+
+            # the copy before, untimed, keeps the GPU busy while this layer's kernels are
+            # launched, as the layer before does in a forward pass (else the first op's time
+            # would include the idle GPU waiting for its launch)
+            decoder.layer((i - 1) % copies, x, batch, state)
+            prev = torch.cuda.Event(enable_timing=True)
+            prev.record()
+            decoder.layer(i, x, batch, state, mark)
+            marks[-1][1].synchronize()
+            for part, event in marks:
+                parts[part] = parts.get(part, 0.0) + prev.elapsed_time(event) / 1000.0
+                prev = event
+            return parts
+
+        def stamp(part: str) -> None:
+            marks.append((part, clock()))
+
+        last = clock()
+        decoder.layer(i, x, batch, state, stamp)
+        for part, now in marks:
+            parts[part] = parts.get(part, 0.0) + max(now - last - cost, 1e-9)
+            last = now
+        return parts
+
+    return sample
 
 
 def summarize(samples: list[float]) -> Timing:
@@ -92,58 +308,53 @@ def summarize(samples: list[float]) -> Timing:
     return Timing(median, max(spread, 0.0))
 
 
-# -- kernel families --------------------------------------------------------------------------
-def time_gemm(timer: Timer, shape: GemmShape, rows: int, dtype, device) -> Timing:
-    """``rows x k`` activations times the ``n x k`` weight (with bias where the model has one)."""
+# -- kernel families: each returns the pieces of one point ---------------------------------------
+def gemm_pieces(shape: GemmShape, rows: int, weight: torch.Tensor, bias, dtype, device):
+    """``rows x k`` activations times the shared ``n x k`` weight (with bias where the model
+    has one); the weight is shared by every row count of the shape."""
     x = randn((rows, shape.k), dtype, device, 1.0)
-    w = randn((shape.n, shape.k), dtype, device)
-    b = randn((shape.n,), dtype, device) if shape.bias else None
-    return timer(lambda: F.linear(x, w, b))
+    return [(lambda: F.linear(x, weight, bias), (x,))]
 
 
-def time_elementwise(
-    timer: Timer, weights: LayerWeights, shape: AttnShape, hidden: int, tokens: int, dtype, device
-) -> Timing:
-    """Norms, RoPE, residual adds and SiLU of one layer at ``tokens`` tokens."""
+def elementwise_probe_pieces(
+    weights: LayerWeights, shape: AttnShape, hidden: int, tokens: int, dtype, device
+) -> list[Piece]:
+    """Norms, RoPE, residual adds and SiLU of one layer at ``tokens`` tokens, each piece timed
+    in its own cache state (in the forward each follows a GEMM or attention)."""
     x = randn((tokens, hidden), dtype, device, 1.0)
     y = randn((tokens, hidden), dtype, device, 1.0)
     qkv = randn((tokens, weights.qkv.shape[0]), dtype, device, 1.0)
     gate_up = randn((tokens, weights.gate_up.shape[0]), dtype, device, 1.0)
-    cos, sin = rope_tables(torch.arange(tokens, device=device), shape.head_dim)
+    rotated = shape.rope if shape.kind == "mla" else shape.head_dim
+    cos, sin = rope_tables(torch.arange(tokens, device=device), rotated)
     cos, sin = cos.to(dtype), sin.to(dtype)
-    return timer(lambda: elementwise(x, y, qkv, gate_up, weights, cos, sin, shape))
+    return elementwise_pieces(x, y, qkv, gate_up, weights, cos, sin, shape)
 
 
-def time_prefill(timer: Timer, shape: AttnShape, new: int, context: int, dtype, device) -> Timing:
+def prefill_pieces(shape: AttnShape, new: int, context: int, dtype, device) -> list[Piece]:
     """One layer's attention for a chunk of ``new`` tokens after ``context`` cached ones."""
-    if shape.kind == "mla":  # prefill decompresses the latent into full heads (MHA form)
-        q = randn((new, shape.heads, shape.head_dim), dtype, device, 1.0)
-        k = randn((new, shape.heads, shape.head_dim), dtype, device, 1.0)
-        v = randn((new, shape.heads, shape.v_dim), dtype, device, 1.0)
-        kc = randn((1, shape.heads, context + new, shape.head_dim), dtype, device, 1.0)
-        vc = randn((1, shape.heads, context + new, shape.v_dim), dtype, device, 1.0)
-    else:
-        q = randn((new, shape.heads, shape.head_dim), dtype, device, 1.0)
-        k = randn((new, shape.kv_heads, shape.head_dim), dtype, device, 1.0)
-        v = randn((new, shape.kv_heads, shape.v_dim), dtype, device, 1.0)
-        kc = randn((1, shape.kv_heads, context + new, shape.head_dim), dtype, device, 1.0)
-        vc = randn((1, shape.kv_heads, context + new, shape.v_dim), dtype, device, 1.0)
-    return timer(lambda: prefill_chunk(q, k, v, kc, vc, context))
+    heads = shape.heads if shape.kind == "mla" else shape.kv_heads  # MLA prefill: MHA form
+    q = randn((new, shape.heads, shape.head_dim), dtype, device, 1.0)
+    k = randn((new, heads, shape.head_dim), dtype, device, 1.0)
+    v = randn((new, heads, shape.v_dim), dtype, device, 1.0)
+    kc = randn((1, heads, context + new, shape.head_dim), dtype, device, 1.0)
+    vc = randn((1, heads, context + new, shape.v_dim), dtype, device, 1.0)
+    return [(lambda: prefill_chunk(q, k, v, kc, vc, context), (q, k, v))]
 
 
-def time_decode(timer: Timer, shape: AttnShape, batch: int, context: int, dtype, device) -> Timing:
+def decode_pieces(shape: AttnShape, batch: int, context: int, dtype, device) -> list[Piece]:
     """One layer's attention for ``batch`` sequences each with ``context`` cached tokens."""
     if shape.kind == "mla":  # absorbed form over the shared latent (+ rope part)
         width = shape.latent + shape.rope
-        q = randn((batch, shape.heads, 1, width), dtype, device, 1.0)
+        ql = randn((batch, shape.heads, 1, width), dtype, device, 1.0)
         cache = randn((batch, 1, context + 1, width), dtype, device, 1.0)
-        return timer(lambda: mla_decode(q, cache, shape.latent))
+        return [(lambda: mla_decode(ql, cache, shape.latent), (ql,))]
     q = randn((batch, shape.heads, shape.head_dim), dtype, device, 1.0)
     k = randn((batch, shape.kv_heads, shape.head_dim), dtype, device, 1.0)
     v = randn((batch, shape.kv_heads, shape.v_dim), dtype, device, 1.0)
     kc = randn((batch, shape.kv_heads, context + 1, shape.head_dim), dtype, device, 1.0)
     vc = randn((batch, shape.kv_heads, context + 1, shape.v_dim), dtype, device, 1.0)
-    return timer(lambda: decode_batch(q, k, v, kc, vc, context))
+    return [(lambda: decode_batch(q, k, v, kc, vc, context), (q, k, v))]
 
 
 def time_copy(timer: Timer, nbytes: int, direction: str, device: torch.device) -> Timing:

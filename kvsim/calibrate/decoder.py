@@ -8,6 +8,7 @@ and sliding-window GQA models with dense MLPs are supported; MLA and MoE are not
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,11 +59,27 @@ class Batch:
         return ", ".join(parts)
 
 
+def _no_mark(_part: str) -> None:
+    pass
+
+
 class RandomDecoder:
     """Layers of random weights of ``model``'s per-rank shape; ``forward(batch)`` runs one
-    iteration on caches filled beforehand (``prepare``), so only the forward is timed."""
+    iteration on caches filled beforehand (``prepare``), so only the forward is timed.
 
-    def __init__(self, model: ModelSpec, tp: int, dtype: torch.dtype, device: Any) -> None:
+    ``layers`` builds fewer layers than the model has: the microbenchmarks run single layers
+    of such a decoder, cycling through enough copies that each copy's weights and KV cache are
+    as cold when it runs again as a layer's are in the whole forward pass.
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        tp: int,
+        dtype: torch.dtype,
+        device: Any,
+        layers: int | None = None,
+    ) -> None:
         reason = supported(model)
         if reason or model.layer_groups[0].kind == "mla":
             raise ConfigError(
@@ -71,7 +88,8 @@ class RandomDecoder:
         self.model, self.dtype, self.device = model, dtype, device
         self.shape = attn_shape(model, tp)
         self.layers = [
-            LayerWeights(model, self.shape, tp, dtype, device) for _ in range(model.num_layers)
+            LayerWeights(model, self.shape, tp, dtype, device)
+            for _ in range(layers or model.num_layers)
         ]
         vocab = max(1, model.vocab_size // tp)
         self.embedding = randn((vocab, model.hidden_size), dtype, device)
@@ -111,30 +129,59 @@ class RandomDecoder:
         v = randn((b, s.kv_heads, length, s.v_dim), self.dtype, self.device, 1.0)
         return k, v
 
+    def layer(
+        self,
+        i: int,
+        x: torch.Tensor,
+        batch: Batch,
+        state: dict[str, Any],
+        mark: Callable[[str], None] = _no_mark,
+    ) -> torch.Tensor:
+        """Layer ``i`` on hidden states ``x`` of ``batch``; ``mark(part)`` is called after each
+        op with the part it belongs to (a GEMM role, "elementwise" or "attention")."""
+        s, window = self.shape, self.shape.window
+        w, caches = self.layers[i], state["caches"][i]
+        cos, sin = state["cos"], state["sin"]
+        h = rms_norm(x, w.norm1)
+        mark("elementwise")
+        qkv = F.linear(h, w.qkv, w.qkv_bias)
+        mark("qkv")
+        q, k, v = rope_qkv(qkv, cos, sin, s)
+        mark("elementwise")
+        outs = []
+        start = 0
+        for j, (new, ctx) in enumerate(batch.prefill):
+            kept = min(ctx, window) if window else ctx
+            kc, vc = caches[j]
+            end = start + new
+            outs.append(prefill_chunk(q[start:end], k[start:end], v[start:end], kc, vc, kept))
+            start = end
+        if batch.decode:
+            kept = min(batch.decode_context, window) if window else batch.decode_context
+            kc, vc = caches[-1]
+            outs.append(decode_batch(q[start:], k[start:], v[start:], kc, vc, kept))
+        attn = outs[0] if len(outs) == 1 else torch.cat(outs)
+        mark("attention")
+        o = F.linear(attn, w.o)
+        mark("o")
+        x, h = residual_norm(x, o, w)
+        mark("elementwise")
+        gate_up = F.linear(h, w.gate_up)
+        mark("gate_up")
+        act = gated_silu(gate_up)
+        mark("elementwise")
+        down = F.linear(act, w.down)
+        mark("down")
+        x = x + down
+        mark("elementwise")
+        return x
+
     @torch.inference_mode()
     def forward(self, batch: Batch, state: dict[str, Any]) -> torch.Tensor:
         """Logits of the last token of every sequence after one iteration of ``batch``."""
-        s, window = self.shape, self.shape.window
         x = F.embedding(state["ids"], self.embedding)
-        cos, sin = state["cos"], state["sin"]
-        for w, caches in zip(self.layers, state["caches"], strict=True):
-            h = rms_norm(x, w.norm1)
-            q, k, v = rope_qkv(F.linear(h, w.qkv, w.qkv_bias), cos, sin, s)
-            outs = []
-            start = 0
-            for i, (new, ctx) in enumerate(batch.prefill):
-                kept = min(ctx, window) if window else ctx
-                kc, vc = caches[i]
-                end = start + new
-                outs.append(prefill_chunk(q[start:end], k[start:end], v[start:end], kc, vc, kept))
-                start = end
-            if batch.decode:
-                kept = min(batch.decode_context, window) if window else batch.decode_context
-                kc, vc = caches[-1]
-                outs.append(decode_batch(q[start:], k[start:], v[start:], kc, vc, kept))
-            attn = outs[0] if len(outs) == 1 else torch.cat(outs)
-            x, h = residual_norm(x, F.linear(attn, w.o), w)
-            x = x + F.linear(gated_silu(F.linear(h, w.gate_up)), w.down)
+        for i in range(len(self.layers)):
+            x = self.layer(i, x, batch, state)
         ends = []
         total = 0
         for new, _ in batch.prefill:

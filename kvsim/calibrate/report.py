@@ -179,8 +179,9 @@ def report_markdown(c: Calibration, model: ModelSpec, plots: list[Path], base: P
         f"- device: {m['device']} ({kind}); driver: {m['driver']}; torch {m['torch']}",
         f"- date: {m['date']}; model: {m['model']} at tp={m['tp']}, {m['dtype']} weights and KV",
         f"- plan: {'quick' if m.get('quick') else 'full'}, {m.get('threads', '?')} CPU threads, "
-        f"{m['warmup']} warm-up and "
-        f"{m['repetitions']} timed repetitions, medians; spread = interquartile range / median",
+        f"{m['warmup']} warm-up and at least {m['repetitions']} timed calls per point in "
+        f"{m.get('rounds', 1)} interleaved rounds, medians; "
+        "spread = interquartile range / median",
         f"- fitted per-iteration overhead: {m['overhead_s'] * 1e6:.1f} µs",
         f"- storage: {c.storage_note}",
         "",
@@ -198,16 +199,17 @@ def report_markdown(c: Calibration, model: ModelSpec, plots: list[Path], base: P
             f"Median absolute error **{_pct(med)}**, worst **{_pct(worst)}** "
             "(target: median < 10%, worst < 25%).",
             "",
-            "| batch | kind | tokens | measured | kvsim (measured tables) | error "
+            "| batch | kind | tokens | measured | spread | kvsim (measured tables) | error "
             "| roofline | roofline error |",
-            "|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in c.forward:
             err = (r["predicted_s"] - r["measured_s"]) / r["measured_s"]
             rerr = (r["roofline_s"] - r["measured_s"]) / r["measured_s"]
             lines.append(
                 f"| {r['batch']} | {r['kind']} | {r['tokens']} | {r['measured_s'] * 1e3:.3f} ms "
-                f"| {r['predicted_s'] * 1e3:.3f} ms | {100 * err:+.1f}% "
+                f"| {_pct(r.get('spread', 0.0))} | {r['predicted_s'] * 1e3:.3f} ms "
+                f"| {100 * err:+.1f}% "
                 f"| {r['roofline_s'] * 1e3:.3f} ms | {100 * rerr:+.1f}% |"
             )
     lines += [f"- {n}" for n in c.notes]

@@ -2,8 +2,10 @@
 
 The sweep grids are interleaved: the *fit* points go into the profile, the *held-out* points
 (geometric midpoints between them) are measured too but only used to check the interpolation.
-The per-iteration overhead is fitted from forward passes on two small batches; the validation
-batches are others.
+The per-iteration overhead is the median residual of forward passes on four small batches; the
+validation batches are of other compositions and never used for fitting. Every point (kernels,
+held-out shapes, forward passes) is timed in the same interleaved rounds, so a shared machine's
+slow phases fall on all of them alike.
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ class Plan:
     fit_batches: list[Batch]
     batches: list[Batch]
     warmup: int = 2
-    reps: int = 5
-    target_s: float = 1e-3
+    reps: int = 2  # timed calls of each point per round
+    rounds: int = 3  # interleaved passes over every point
+    target_s: float = 1e-3  # a point's calls per round fill this (copies: one repetition)
 
 
 def _mid(values: list[int]) -> list[int]:
@@ -77,7 +80,12 @@ def make_plan(device: str, quick: bool) -> Plan:
         context = [128, 512, 2048, 8192] + ([] if quick else [32768])
         copy = [4096 * 4**i for i in range(10 if quick else 12)]
         storage = [MiB, 4 * MiB, 16 * MiB, 64 * MiB]
-        fit = [Batch("fit-prefill", ((64, 0),)), Batch("fit-decode", (), 1, 128)]
+        fit = [
+            Batch("fit-prefill", ((64, 0),)),
+            Batch("fit-decode", (), 1, 128),
+            Batch("fit-decode-4", (), 4, 512),
+            Batch("fit-mixed", ((64, 0),), 4, 256),
+        ]
         batches = [
             Batch("prefill 1x2048", ((2048, 0),), kind="prefill-only"),
             Batch("prefill 3 prompts", ((512, 0), (1024, 0), (300, 0)), kind="prefill-only"),
@@ -102,8 +110,9 @@ def make_plan(device: str, quick: bool) -> Plan:
             256 * MiB,
             fit,
             batches,
-            warmup=3,
-            reps=7 if quick else 15,
+            warmup=2,
+            reps=3 if quick else 5,
+            rounds=3 if quick else 5,
             target_s=2e-3,
         )
     tokens = [1, 4, 16, 64, 256] + ([] if quick else [1024, 4096])
@@ -112,7 +121,12 @@ def make_plan(device: str, quick: bool) -> Plan:
     context = [64, 256, 1024] + ([] if quick else [4096])
     copy = [64 * 1024 * 4**i for i in range(5 if quick else 7)]
     storage = [MiB, 4 * MiB] + ([] if quick else [16 * MiB])
-    fit = [Batch("fit-prefill", ((16, 0),)), Batch("fit-decode", (), 1, 64)]
+    fit = [  # small, and none of the compositions checked below
+        Batch("fit-prefill", ((16, 0),)),
+        Batch("fit-decode", (), 1, 64),
+        Batch("fit-decode-4", (), 4, 128),
+        Batch("fit-mixed", ((16, 0),), 2, 64),
+    ]
     batches = [
         Batch("prefill 1x200", ((200, 0),), kind="prefill-only"),
         Batch("prefill 3 prompts", ((64, 0), (100, 0), (30, 0)), kind="prefill-only"),
@@ -137,8 +151,9 @@ def make_plan(device: str, quick: bool) -> Plan:
         fit,
         batches,
         warmup=1 if quick else 2,
-        reps=5,
-        target_s=5e-4 if quick else 2e-3,
+        reps=1 if quick else 2,
+        rounds=5 if quick else 7,
+        target_s=6e-3 if quick else 2e-2,
     )
 
 
@@ -245,81 +260,95 @@ def _calibrate(model, base, name, device, tp, quick, dtype, kv_dtype, storage_di
     dev = torch.device(device)
     tdtype = TORCH_DTYPES[dtype]
     plan = make_plan(device, quick)
-    timer = bench.Timer(dev, plan.warmup, plan.reps, plan.target_s)
+    shapes = gemm_shapes(model, tp)
+    weight_bytes = sum(g.k * g.n * g.calls for g in shapes.values()) * tdtype.itemsize
+    scrub = min(weight_bytes, 2 * bench.last_level_cache_bytes(dev))
+    timer = bench.Timer(dev, plan.warmup, plan.reps, plan.target_s, scrub_bytes=scrub)
+    copy_timer = bench.Timer(dev, plan.warmup, plan.reps * plan.rounds, plan.target_s)
     shape = attn_shape(model, tp)
     torch.manual_seed(0)
+    notes: list[str] = []
     with torch.inference_mode():
-        say("GEMMs")
+        say("building probes")
+        probes = _Probes()
+        decoder = None
+        try:
+            decoder = RandomDecoder(model, tp, tdtype, dev)
+        except ConfigError as exc:
+            notes.append(f"no end-to-end check: {exc}")
+        layer_roles = set(_LAYER_ROLES) & set(shapes) if decoder is not None else set()
+        if layer_roles == set(_LAYER_ROLES):
+            _layer_probes(probes, plan, model, tp, tdtype, dev, shapes)
+        else:
+            layer_roles = set()
+            _kernel_probes(probes, plan, model, tp, tdtype, dev, shape, timer)
+        for gname, g in shapes.items():  # the LM head, and every GEMM a layer did not time
+            if gname in layer_roles:
+                continue
+            w = bench.randn((g.n, g.k), tdtype, dev)
+            bias = bench.randn((g.n,), tdtype, dev) if g.bias else None
+            for part, rows in (("fit", plan.tokens), ("held", plan.tokens_held)):
+                for m in rows:
+                    probes.add(
+                        lambda g=g, m=m, w=w, bias=bias: bench.pieces_sampler(
+                            timer, bench.gemm_pieces(g, m, w, bias, tdtype, dev)
+                        ),
+                        {("gemm", gname, part, m): None},
+                    )
+        if decoder is not None:
+            plain = bench.Timer(dev, plan.warmup, plan.reps, plan.target_s)
+            for part, batches in (("fit", plan.fit_batches), ("check", plan.batches)):
+                for i, b in enumerate(batches):
+                    probes.add(  # a GPU's large batches' KV caches are rebuilt each round
+                        _forward_build(decoder, b, plain),
+                        {("forward", part, i): None},
+                        keep=dev.type == "cpu",
+                    )
+        how = "single layers in context" if layer_roles else "kernels after a cache scrub"
+        say(
+            f"timing {len(probes.probes)} points ({how}"
+            f"{', forward passes' if decoder else ''}) in {plan.rounds} interleaved rounds"
+        )
+        t = probes.run(plan)
+        del decoder, probes  # the probes' tensors (a GPU's KV caches) go now
+
         gemm: dict[str, Any] = {}
-        held: dict[str, list[tuple[str, float, float]]] = {"gemm": []}
-        held_gemm: dict[str, list[tuple[int, float]]] = {}
-        for gname, s in gemm_shapes(model, tp).items():
-            fit = [bench.time_gemm(timer, s, m, tdtype, dev) for m in plan.tokens]
+        for gname, g in shapes.items():
+            fit = [t[("gemm", gname, "fit", m)] for m in plan.tokens]
             gemm[gname] = {
-                "k": s.k,
-                "n": s.n,
-                "calls": s.calls,
-                "per": s.per,
+                "k": g.k,
+                "n": g.n,
+                "calls": g.calls,
+                "per": g.per,
                 "tokens": plan.tokens,
-                "seconds": [t.seconds for t in fit],
-                "spread": [t.spread for t in fit],
+                "seconds": [x.seconds for x in fit],
+                "spread": [x.spread for x in fit],
             }
-            held_gemm[gname] = [
-                (m, bench.time_gemm(timer, s, m, tdtype, dev).seconds) for m in plan.tokens_held
-            ]
-        say("elementwise")
-        weights = LayerWeights(model, shape, tp, tdtype, dev)
-        ew = [
-            bench.time_elementwise(timer, weights, shape, model.hidden_size, m, tdtype, dev)
-            for m in plan.tokens
-        ]
-        ew_held = [
-            (m, bench.time_elementwise(timer, weights, shape, model.hidden_size, m, tdtype, dev))
-            for m in plan.tokens_held
-        ]
-        say("prefill attention")
-        pre = [bench.time_prefill(timer, shape, n, 0, tdtype, dev) for n in plan.prefill]
-        pre_c = [
-            bench.time_prefill(timer, shape, n, plan.cached_ratio * n, tdtype, dev)
-            for n in plan.prefill
-        ]
-        pre_held = [
-            (n, bench.time_prefill(timer, shape, n, 0, tdtype, dev)) for n in plan.prefill_held
-        ]
-        pre_c_held = [
-            (n, bench.time_prefill(timer, shape, n, plan.cached_ratio * n, tdtype, dev))
-            for n in plan.prefill_held
-        ]
-        say("decode attention")
+        ew = [t[("elementwise", "fit", m)] for m in plan.tokens]
+        pre = [t[("prefill", 0, "fit", n)] for n in plan.prefill]
+        pre_c = [t[("prefill", plan.cached_ratio, "fit", n)] for n in plan.prefill]
         dec = [
-            [
-                bench.time_decode(timer, shape, b, c, tdtype, dev).seconds
-                for c in plan.decode_context
-            ]
+            [t[("decode", "fit", b, c)].seconds for c in plan.decode_context]
             for b in plan.decode_batch
-        ]
-        dec_held = [
-            (b, c, bench.time_decode(timer, shape, b, c, tdtype, dev).seconds)
-            for b, c in plan.decode_held
         ]
         say("host<->device copies")
         copies = {}
         copy_held: dict[str, list[tuple[int, float]]] = {}
         for direction in ("h2d", "d2h"):
-            fit = [bench.time_copy(timer, b, direction, dev) for b in plan.copy_bytes]
+            fit = [bench.time_copy(copy_timer, b, direction, dev) for b in plan.copy_bytes]
             copies[direction] = {
                 "pinned": dev.type == "cuda",
                 "bytes": plan.copy_bytes,
-                "seconds": [t.seconds for t in fit],
-                "spread": [t.spread for t in fit],
+                "seconds": [x.seconds for x in fit],
+                "spread": [x.spread for x in fit],
             }
             copy_held[direction] = [
-                (b, bench.time_copy(timer, b, direction, dev).seconds)
+                (b, bench.time_copy(copy_timer, b, direction, dev).seconds)
                 for b in _mid(plan.copy_bytes)
             ]
     say("storage reads")
     storage = bench.time_storage(
-        plan.storage_bytes, plan.storage_file_bytes, storage_dir, dev, max(3, plan.reps // 2)
+        plan.storage_bytes, plan.storage_file_bytes, storage_dir, dev, max(3, plan.reps)
     )
     info = device_info(dev)
     measured: dict[str, Any] = {
@@ -332,15 +361,17 @@ def _calibrate(model, base, name, device, tp, quick, dtype, kv_dtype, storage_di
         "dtype": dtype,
         "kv_dtype": kv_dtype,
         "quick": quick,
-        "repetitions": plan.reps,
+        "repetitions": plan.reps * plan.rounds,
+        "rounds": plan.rounds,
         "warmup": plan.warmup,
         "threads": torch.get_num_threads(),
+        "scrub_bytes": scrub,
         "overhead_s": 0.0,
         "gemm": gemm,
         "elementwise": {
             "tokens": plan.tokens,
-            "seconds": [t.seconds for t in ew],
-            "spread": [t.spread for t in ew],
+            "seconds": [x.seconds for x in ew],
+            "spread": [x.spread for x in ew],
         },
         "prefill_attention": _prefill_doc(plan.prefill, 0, pre),
         "prefill_attention_cached": _prefill_doc(plan.prefill, plan.cached_ratio, pre_c),
@@ -354,48 +385,56 @@ def _calibrate(model, base, name, device, tp, quick, dtype, kv_dtype, storage_di
             "path": storage.path,
             "method": storage.method,
             "bytes": storage.sizes,
-            "seconds": [t.seconds for t in storage.timings],
-            "spread": [t.spread for t in storage.timings],
+            "seconds": [x.seconds for x in storage.timings],
+            "spread": [x.spread for x in storage.timings],
         },
     }
     profile = _profile(name, base, measured, storage_dir)
     cost = _cost_model(model, profile, measured, tp, dtype, kv_dtype)
 
-    # held-out shapes, predicted by the interpolation of the fit points
+    # held-out shapes, predicted by the interpolation of the fit points only
+    held: dict[str, list[tuple[str, float, float]]] = {"gemm": []}
     curves = {g: c for (_, _, c), g in zip(cost.gemm, gemm, strict=True)}
-    for gname, rows in held_gemm.items():
-        held["gemm"] += [(f"{gname} M={m}", t, float(curves[gname](m))) for m, t in rows]
-    held["elementwise"] = [(f"T={m}", t.seconds, float(cost.elementwise(m))) for m, t in ew_held]
-    held["prefill attention"] = [
-        (f"new={n}", t.seconds, float(cost.prefill(_pairs(n, 0)))) for n, t in pre_held
+    for gname in gemm:
+        held["gemm"] += [
+            (f"{gname} M={m}", t[("gemm", gname, "held", m)].seconds, float(curves[gname](m)))
+            for m in plan.tokens_held
+        ]
+    held["elementwise"] = [
+        (f"T={m}", t[("elementwise", "held", m)].seconds, float(cost.elementwise(m)))
+        for m in plan.tokens_held
     ]
+    held["prefill attention"] = [
+        (f"new={n}", t[("prefill", 0, "held", n)].seconds, float(cost.prefill(_pairs(n, 0))))
+        for n in plan.prefill_held
+    ]
+    r = plan.cached_ratio
     held["prefill attention (cached prefix)"] = [
         (
-            f"new={n} ctx={plan.cached_ratio * n}",
-            t.seconds,
-            float(cost.prefill_cached(_pairs(n, plan.cached_ratio * n))),
+            f"new={n} ctx={r * n}",
+            t[("prefill", r, "held", n)].seconds,
+            float(cost.prefill_cached(_pairs(n, r * n))),
         )
-        for n, t in pre_c_held
+        for n in plan.prefill_held
     ]
     held["decode attention"] = [
-        (f"B={b} C={c}", t, float(cost.decode(b, c))) for b, c, t in dec_held
+        (f"B={b} C={c}", t[("decode", "held", b, c)].seconds, float(cost.decode(b, c)))
+        for b, c in plan.decode_held
     ]
     transfer = TransferModel(profile)
     for direction, rows in copy_held.items():
         held[f"copy {direction}"] = [
-            (f"{b} B", t, transfer.time_s("dram", b, write=direction == "d2h")) for b, t in rows
+            (f"{b} B", x, transfer.time_s("dram", b, write=direction == "d2h")) for b, x in rows
         ]
 
-    # end to end: fit the fixed overhead on two batches, validate on the others
+    # end to end: the fixed overhead comes from the fit batches only; the check batches, of
+    # other compositions, are never used for fitting
     forward: list[dict[str, Any]] = []
-    notes: list[str] = []
-    try:
-        say("forward passes")
-        decoder = RandomDecoder(model, tp, tdtype, dev)
-        fit_times = [_time_forward(decoder, b, timer) for b in plan.fit_batches]
+    if ("forward", "fit", 0) in t:
         residuals = [
-            t - cost.iteration_time_s(list(b.prefill), b.decode_contexts)
-            for b, t in zip(plan.fit_batches, fit_times, strict=True)
+            t[("forward", "fit", i)].seconds
+            - cost.iteration_time_s(list(b.prefill), b.decode_contexts)
+            for i, b in enumerate(plan.fit_batches)
         ]
         measured["overhead_s"] = max(0.0, statistics.median(residuals))
         profile = _profile(name, base, measured, storage_dir)
@@ -407,22 +446,19 @@ def _calibrate(model, base, name, device, tp, quick, dtype, kv_dtype, storage_di
             kv_dtype=kv_dtype,
             weight_dtype=dtype,
         )
-        for b in plan.batches:
-            t = _time_forward(decoder, b, timer)
+        for i, b in enumerate(plan.batches):
             forward.append(
                 {
                     "name": b.name,
                     "kind": b.kind,
                     "batch": b.label,
                     "tokens": b.tokens,
-                    "measured_s": t,
+                    "measured_s": t[("forward", "check", i)].seconds,
+                    "spread": t[("forward", "check", i)].spread,
                     "predicted_s": cost.iteration_time_s(list(b.prefill), b.decode_contexts),
                     "roofline_s": roofline.iteration_time_s(list(b.prefill), b.decode_contexts),
                 }
             )
-        del decoder
-    except ConfigError as exc:
-        notes.append(f"no end-to-end check: {exc}")
     storage_note = f"{storage.path} path, {storage.method} reads from a file in {storage.directory}"
     calib = Calibration(measured, profile, held, forward, storage_note, notes)
     measured["validation"] = _validation_doc(calib)
@@ -458,9 +494,113 @@ def _cost_model(model, profile, measured, tp, dtype, kv_dtype) -> MeasuredCostMo
     )
 
 
-def _time_forward(decoder: RandomDecoder, batch: Batch, timer: bench.Timer) -> float:
-    state = decoder.prepare(batch)
-    return timer(lambda: decoder.forward(batch, state)).seconds
+_LAYER_ROLES = ("qkv", "o", "gate_up", "down")
+
+
+def _layer_probes(probes, plan: Plan, model: ModelSpec, tp: int, tdtype, dev, shapes) -> None:
+    """GEMMs, elementwise work and attention timed inside single decoder layers: one probe per
+    batch shape, each giving every part it runs (token sweeps run as one prompt, no prefix)."""
+    layer_bytes = sum(shapes[r].k * shapes[r].n for r in _LAYER_ROLES) * tdtype.itemsize
+    llc = bench.last_level_cache_bytes(dev)
+    copies = min(model.num_layers, max(1, math.ceil(2 * llc / layer_bytes)))
+    decoder = RandomDecoder(model, tp, tdtype, dev, layers=copies)
+    outputs: dict[Batch, dict[tuple, str | None]] = {}
+
+    def want(batch: Batch, key: tuple, part: str) -> None:
+        outputs.setdefault(batch, {})[key] = part
+
+    for part, rows in (("fit", plan.tokens), ("held", plan.tokens_held)):
+        for m in rows:
+            batch = Batch("layer", ((m, 0),))
+            for role in _LAYER_ROLES:
+                want(batch, ("gemm", role, part, m), role)
+            want(batch, ("elementwise", part, m), "elementwise")
+    for ratio in (0, plan.cached_ratio):
+        for part, news in (("fit", plan.prefill), ("held", plan.prefill_held)):
+            for n in news:
+                want(Batch("layer", ((n, ratio * n),)), ("prefill", ratio, part, n), "attention")
+    grid = [(b, c) for b in plan.decode_batch for c in plan.decode_context]
+    for part, points in (("fit", grid), ("held", plan.decode_held)):
+        for b, c in points:
+            want(Batch("layer", (), b, c), ("decode", part, b, c), "attention")
+    s = decoder.shape
+    kv_per_token = copies * s.kv_heads * (s.head_dim + s.v_dim) * tdtype.itemsize
+    for batch, keys in outputs.items():
+        cached = sum(n + c for n, c in batch.prefill) + batch.decode * (batch.decode_context + 1)
+        probes.add(  # KV caches over 1 GiB are rebuilt each round, so an 80 GB GPU holds them
+            lambda batch=batch: bench.layer_sampler(decoder, batch, dev),
+            keys,
+            keep=cached * kv_per_token <= 1 << 30,
+        )
+
+
+def _kernel_probes(probes, plan, model, tp, tdtype, dev, shape, timer) -> None:
+    """Elementwise work and attention, each alone after a cache scrub, for models the decoder
+    cannot run (MLA); the caller adds every GEMM role the same way."""
+    weights = LayerWeights(model, shape, tp, tdtype, dev)
+    for part, rows in (("fit", plan.tokens), ("held", plan.tokens_held)):
+        for m in rows:
+            probes.add(
+                lambda m=m: bench.pieces_sampler(
+                    timer,
+                    bench.elementwise_probe_pieces(
+                        weights, shape, model.hidden_size, m, tdtype, dev
+                    ),
+                ),
+                {("elementwise", part, m): None},
+            )
+    for ratio in (0, plan.cached_ratio):
+        for part, news in (("fit", plan.prefill), ("held", plan.prefill_held)):
+            for n in news:
+                probes.add(
+                    lambda n=n, c=ratio * n: bench.pieces_sampler(
+                        timer, bench.prefill_pieces(shape, n, c, tdtype, dev)
+                    ),
+                    {("prefill", ratio, part, n): None},
+                )
+    grid = [(b, c) for b in plan.decode_batch for c in plan.decode_context]
+    for part, points in (("fit", grid), ("held", plan.decode_held)):
+        for b, c in points:
+            probes.add(
+                lambda b=b, c=c: bench.pieces_sampler(
+                    timer, bench.decode_pieces(shape, b, c, tdtype, dev)
+                ),
+                {("decode", part, b, c): None},
+            )
+
+
+def _forward_build(decoder: RandomDecoder, batch: Batch, timer: bench.Timer):
+    """A probe builder for one forward pass of ``batch`` (its KV caches filled); passes run
+    back to back as a server's iterations do (no scrub)."""
+
+    def build():
+        state = decoder.prepare(batch)
+        return lambda: {"forward": timer.once(lambda: decoder.forward(batch, state))}
+
+    return build
+
+
+class _Probes:
+    """Measurement points, each giving one or more keyed results (a part's median, or the sum
+    of all parts' medians for ``None``), timed together by ``bench.measure``."""
+
+    def __init__(self) -> None:
+        self.probes: list[bench.Probe] = []
+        self.outputs: list[dict[tuple, str | None]] = []
+
+    def add(
+        self, build, outputs: dict[tuple, str | None], keep: bool = True, settle: int = 1
+    ) -> None:
+        self.probes.append(bench.Probe(build, keep, settle))
+        self.outputs.append(outputs)
+
+    def run(self, plan: Plan) -> dict[tuple, bench.Timing]:
+        results = bench.measure(self.probes, plan.rounds, plan.reps, plan.warmup, plan.target_s)
+        out = {}
+        for parts, outputs in zip(results, self.outputs, strict=True):
+            for key, part in outputs.items():
+                out[key] = bench.total(parts) if part is None else parts[part]
+        return out
 
 
 def _validation_doc(c: Calibration) -> dict[str, Any]:

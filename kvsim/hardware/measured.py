@@ -8,7 +8,8 @@
   measurements are.
 - Outside the measured range the ratio measured/roofline of the nearest edge relaxes to 1 over
   one decade of size, so extrapolation tends to the roofline instead of exploding, and beyond a
-  decade it *is* the roofline.
+  decade it *is* the roofline, except that a larger size never costs less than the largest
+  measured one (nor a smaller one more than the smallest).
 
 An iteration is the sum of its parts, as in Vidur: per-layer GEMMs at the batch's token count,
 the LM head per sequence, per-layer elementwise work, prefill attention per chunk, decode
@@ -70,6 +71,10 @@ class RateCurve:
         edge = np.where(below, self._log_edge_ratio[0], self._log_edge_ratio[-1])
         roof = self.roofline(xs)
         outside = roof * np.exp(edge * _relax(dist / math.log(10)))
+        # never cheaper than the largest measured size, nor dearer than the smallest: where
+        # the roofline is far below the measurements (a CPU's) the fade alone can bend down
+        outside = np.where(above, np.maximum(outside, self.seconds[-1]), outside)
+        outside = np.where(below, np.minimum(outside, self.seconds[0]), outside)
         return np.where(below | above, outside, inside)
 
 
@@ -125,6 +130,10 @@ class RateGrid:
             return inside
         edge_ratio = np.log(inside / self.roofline(np.exp(clr), np.exp(clc)))
         outside = self.roofline(r, c) * np.exp(edge_ratio * _relax(dist))
+        # monotone across the edge, as in RateCurve: bigger work never costs less than the
+        # nearest measured point, smaller work never more
+        outside = np.where((lr >= clr) & (lc >= clc), np.maximum(outside, inside), outside)
+        outside = np.where((lr <= clr) & (lc <= clc), np.minimum(outside, inside), outside)
         return np.where(dist > 0, outside, inside)
 
 
@@ -203,7 +212,17 @@ def _pairs(new: float, context: float) -> float:
 
 
 _META = ("device", "device_kind", "driver", "torch", "date", "model", "dtype", "kv_dtype")
-_OPTIONAL_TOP = {"format", "quick", "repetitions", "warmup", "threads", "validation", "storage"}
+_OPTIONAL_TOP = {
+    "format",
+    "quick",
+    "repetitions",
+    "warmup",
+    "threads",
+    "rounds",
+    "scrub_bytes",
+    "validation",
+    "storage",
+}
 _COPY_NAMES = ("h2d", "d2h")
 _STORAGE_PATHS = ("gds", "bounce", "host")
 
