@@ -217,7 +217,7 @@ def test_hierarchy_invariants(case):
             return
         hierarchy.check()  # capacity, conservation of blocks (and so of bytes), placement
         if not hierarchy.inclusive:
-            resident_below = set(hierarchy.where)
+            resident_below = {k for k, t in hierarchy.where.items() if t >= 0}
             in_flight = {k for t in hierarchy.tiers for k in t.pinned}
             assert not (set(self.pool.refs) & resident_below) - in_flight
 

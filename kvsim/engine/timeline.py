@@ -53,7 +53,7 @@ class Timeline:
         c["hbm_used_blocks"].append(r.pool.used)
         c["hbm_cached_blocks"].append(len(r.pool.refs))
         for tier in self.hierarchy.tiers:
-            c[f"{tier.name}_blocks"].append(len(tier.resident))
+            c[f"{tier.name}_blocks"].append(tier.resident)
             busy = tier.link.stats.busy_s
             c[f"{tier.name}_link_busy"].append(
                 min((busy - self._busy[tier.name]) / self.interval_s, 1.0)
@@ -71,7 +71,7 @@ def tier_report(hierarchy: Hierarchy, block_bytes: int) -> dict[str, dict[str, f
         s = tier.stats
         out[tier.name] = {
             "capacity_blocks": tier.capacity_blocks,
-            "resident_blocks": len(tier.resident),
+            "resident_blocks": tier.resident,
             "peak_resident_blocks": s.resident_peak,
             "bytes_written": s.written_in * block_bytes,
             "bytes_read": s.loaded_out * block_bytes,

@@ -17,6 +17,7 @@ Every operation is O(1) per block plus the policy's cost.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, islice, takewhile
@@ -129,8 +130,7 @@ class BlockPool:
             self.version += 1
             refs = self.refs
             victims = self.policy.evict(count)
-            for victim in victims:
-                del refs[victim]
+            deque(map(refs.__delitem__, victims), maxlen=0)  # at C speed
             self.stats.evictions += count
             if self.on_evict is not None:
                 self.on_evict(victims)

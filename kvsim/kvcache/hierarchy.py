@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import filterfalse, islice, takewhile
-from operator import is_not
+from itertools import filterfalse, islice, repeat, takewhile
+from operator import le
 
 import numpy as np
 import simpy
@@ -36,7 +36,7 @@ from kvsim.kvcache.link import Link
 from kvsim.policies.base import BlockInfo, EvictionPolicy
 
 ADMISSIONS = ("all", "second-chance")
-_is_not_none = partial(is_not, None)
+_landed_tier = partial(le, 0)  # where[] >= 0: the block's copy is in that tier
 
 
 def consume(iterator) -> None:
@@ -70,7 +70,7 @@ class LowerTier:
     link: Link
     admission: str = "all"
     bounce: Link | None = None  # nvme without GPUDirect Storage: second hop through DRAM
-    resident: dict[int, None] = field(default_factory=dict)
+    resident: int = 0  # blocks whose copy has landed here
     pinned: dict[int, int] = field(default_factory=dict)  # blocks being read: not evictable
     incoming: int = 0  # blocks reserved by writes in flight
     doorkeeper: dict[int, None] = field(default_factory=dict)
@@ -81,7 +81,7 @@ class LowerTier:
 
     @property
     def used(self) -> int:
-        return len(self.resident) + self.incoming
+        return self.resident + self.incoming
 
     def admits(self, key: int) -> bool:
         if self.capacity_blocks < 1:
@@ -116,8 +116,9 @@ class Hierarchy:
         self.write_through = write_through
         self.inclusive = inclusive
         self.in_hbm = in_hbm
-        self.where: dict[int, int] = {}  # resident block hash -> index of its tier
-        self.writing: dict[int, int] = {}  # block hash -> tier it is being written into
+        # block hash -> t (its copy is in tier t) or ~t (it is being written into tier t): one
+        # dict for both, so a lookup or a "not yet below" filter is a single C-level pass
+        self.where: dict[int, int] = {}
         self.info = BlockInfo(size_bytes=block_bytes)
 
     def __bool__(self) -> bool:
@@ -127,7 +128,8 @@ class Hierarchy:
     def chain(self, hashes: list[int], start: int, limit: int) -> list[int]:
         """Tier index of each block `start, start+1, ...` of a chain found below HBM, up to the
         first block found nowhere (a block whose prefix is missing is useless)."""
-        return list(takewhile(_is_not_none, map(self.where.get, islice(hashes, start, limit))))
+        lookups = map(self.where.get, islice(hashes, start, limit), repeat(-1))
+        return list(takewhile(_landed_tier, lookups))
 
     def load_estimate_s(self, tiers: list[int]) -> np.ndarray:
         """Cumulative seconds to load the first 1, 2, ... of these blocks, on the links as they
@@ -219,19 +221,18 @@ class Hierarchy:
             self._write(0, self._not_below(keys))
         elif not self.inclusive:
             for key in keys:
-                t = where.get(key)
-                if t is None:
+                t = where.get(key, -1)
+                if t < 0:
                     continue
                 tier = self.tiers[t]
-                if key in tier.resident and key not in tier.pinned:
+                if key not in tier.pinned:
                     tier.policy.discard(key)
                     self._remove(tier, key)
                     tier.stats.removed_exclusive += 1
 
     def _not_below(self, keys: list[int]) -> list[int]:
         """The keys no tier holds or is being written (so a block is never written twice)."""
-        keys = list(filterfalse(self.where.__contains__, keys))
-        return list(filterfalse(self.writing.__contains__, keys)) if self.writing else keys
+        return list(filterfalse(self.where.__contains__, keys))
 
     def _write(self, start: int, keys: list[int]) -> None:
         """Write `keys` into the first tier from `start` down that admits each; one transfer
@@ -266,22 +267,22 @@ class Hierarchy:
             return
         tier.incoming += len(keys)
         tier.stats.written_in += len(keys)
-        self.writing.update(dict.fromkeys(keys, tier.index))
+        self.where.update(dict.fromkeys(keys, ~tier.index))
         done = tier.link.transfer(len(keys) * self.block_bytes, write=True)
         done.callbacks.append(lambda _ev: self._landed(tier, keys))
 
     def _landed(self, tier: LowerTier, keys: list[int]) -> None:
         tier.incoming -= len(keys)
         self.info.now_s = self.env.now
-        consume(map(self.writing.pop, keys))
         if not self.inclusive:
             back = [k for k in keys if self.in_hbm(k)]
             if back:
                 # back in HBM before its copy landed: keeping it would put it in two tiers
+                consume(map(self.where.__delitem__, back))
                 tier.stats.superseded += len(back)
                 gone = set(back)
                 keys = [k for k in keys if k not in gone]
-        tier.resident.update(dict.fromkeys(keys))
+        tier.resident += len(keys)
         self.where.update(dict.fromkeys(keys, tier.index))
         if self.info.future is None:
             zeros = [0] * len(keys)
@@ -289,7 +290,7 @@ class Hierarchy:
         else:
             for key in keys:
                 self._add(tier, key)
-        tier.stats.resident_peak = max(tier.stats.resident_peak, len(tier.resident))
+        tier.stats.resident_peak = max(tier.stats.resident_peak, tier.resident)
 
     def _add(self, tier: LowerTier, key: int) -> None:
         info = self.info
@@ -300,7 +301,7 @@ class Hierarchy:
     def _make_room(self, tier: LowerTier, count: int) -> None:
         evictable = len(tier.policy)
         victims = tier.policy.evict(min(count, evictable)) if evictable else []
-        consume(map(tier.resident.__delitem__, victims))
+        tier.resident -= len(victims)
         consume(map(self.where.__delitem__, victims))
         if not victims:
             return
@@ -312,26 +313,30 @@ class Hierarchy:
             tier.stats.dropped += len(victims)
 
     def _remove(self, tier: LowerTier, key: int) -> None:
-        del tier.resident[key]
+        tier.resident -= 1
         del self.where[key]
         tier.policy.forget(key)
 
     # -- checks ----------------------------------------------------------------------------------
     def check(self) -> None:
         """Assert capacity, placement and conservation invariants (tests call this)."""
+        landed = [0] * len(self.tiers)
+        incoming = [0] * len(self.tiers)
+        for t in self.where.values():
+            if t >= 0:
+                landed[t] += 1
+            else:
+                incoming[~t] += 1
         for tier in self.tiers:
             assert 0 <= tier.used <= tier.capacity_blocks, (tier.name, tier.used)
+            assert (tier.resident, tier.incoming) == (landed[tier.index], incoming[tier.index])
             s = tier.stats
             assert s.written_in == (
-                len(tier.resident)
+                tier.resident
                 + tier.incoming
                 + s.demoted_out
                 + s.dropped
                 + s.removed_exclusive
                 + s.superseded
-            ), (tier.name, s, len(tier.resident), tier.incoming)
-            for key in tier.resident:
-                assert self.where.get(key) == tier.index
-            assert tier.incoming == sum(1 for t in self.writing.values() if t == tier.index)
-        resident = sum(len(t.resident) for t in self.tiers)
-        assert resident == len(self.where), (resident, len(self.where))
+            ), (tier.name, s, tier.resident, tier.incoming)
+            assert all(k in self.where for k in tier.pinned)
