@@ -196,6 +196,16 @@ def format_capacity(report: dict[str, Any]) -> str:
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 
 
+def profile_capacity_report(spec: ModelSpec, profile: Any, **options: Any) -> dict[str, Any]:
+    """`capacity_report` with the HBM and utilisation of a HardwareProfile's GPU."""
+    return capacity_report(
+        spec,
+        hbm_bytes_per_gpu=profile.gpu.hbm_bytes,
+        gpu_memory_utilization=profile.gpu_memory_utilization,
+        **options,
+    )
+
+
 def node_tier_capacity(
     spec: ModelSpec,
     profile: Any,
@@ -211,14 +221,8 @@ def node_tier_capacity(
     HBM a token needs its KV from every rank (bytes per token per replica); a shared tier (RDMA
     pool, parallel FS) counts the node's fair share, capacity / shared_by_nodes.
     """
-    report = capacity_report(
-        spec,
-        hbm_bytes_per_gpu=profile.gpu.hbm_bytes,
-        gpu_memory_utilization=profile.gpu_memory_utilization,
-        tp=tp,
-        kv_dtype=kv_dtype,
-        weight_dtype=weight_dtype,
-        block_size=block_size,
+    report = profile_capacity_report(
+        spec, profile, tp=tp, kv_dtype=kv_dtype, weight_dtype=weight_dtype, block_size=block_size
     )
     replicas = profile.gpus_per_node / tp
     per_token = report["kv_bytes_per_token_per_replica"]

@@ -234,10 +234,10 @@ def size(
 ) -> None:
     """Exact KV bytes per token and block, weights, and how many sequences fit in HBM."""
     from kvsim.capacity import (
-        capacity_report,
         format_capacity,
         format_tier_capacity,
         node_tier_capacity,
+        profile_capacity_report,
     )
     from kvsim.hardware import load_profile
     from kvsim.models import load_model
@@ -247,10 +247,9 @@ def size(
             raise KvsimError(f"--{name}: expected a positive integer, got {value}")
     spec = load_model(model)
     profile = load_profile(hardware)
-    report = capacity_report(
+    report = profile_capacity_report(
         spec,
-        hbm_bytes_per_gpu=profile.gpu.hbm_bytes,
-        gpu_memory_utilization=profile.gpu_memory_utilization,
+        profile,
         tp=tp,
         kv_dtype=kv_dtype,
         weight_dtype=weight_dtype,

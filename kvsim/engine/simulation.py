@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import simpy
 
+from kvsim.capacity import profile_capacity_report
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.replica import Replica
 from kvsim.engine.request import Request
@@ -60,15 +61,12 @@ def kv_blocks_for(
     model: ModelSpec, profile: HardwareProfile, config: EngineConfig
 ) -> tuple[int, int]:
     """(KV blocks per replica, bytes of one block on one rank) from HBM left after weights."""
-    from kvsim.capacity import capacity_report
-
     block_bytes = kv_bytes_per_block(model, config.block_size, config.kv_dtype, config.tp)
     if config.num_gpu_blocks is not None:
         return config.num_gpu_blocks, block_bytes
-    report = capacity_report(
+    report = profile_capacity_report(
         model,
-        hbm_bytes_per_gpu=profile.gpu.hbm_bytes,
-        gpu_memory_utilization=profile.gpu_memory_utilization,
+        profile,
         tp=config.tp,
         kv_dtype=config.kv_dtype,
         weight_dtype=config.weight_dtype,

@@ -35,7 +35,27 @@ class _Group:
     state_bytes_per_seq: float
 
 
-class RooflineCostModel:
+class ChunkedPrefill:
+    """`prefill_time_s` for any cost model that prices one iteration."""
+
+    def iteration_time_s(
+        self, prefill: list[tuple[int, int]], decode_contexts: list[int] | np.ndarray
+    ) -> float:
+        raise NotImplementedError
+
+    def prefill_time_s(self, tokens: int, context: int = 0, chunk: int | None = None) -> float:
+        """Seconds to prefill `tokens` after `context` alone, in chunks of at most `chunk`."""
+        chunk = chunk or tokens
+        total = 0.0
+        done = 0
+        while done < tokens:
+            n = min(chunk, tokens - done)
+            total += self.iteration_time_s([(n, context + done)], [])
+            done += n
+        return total
+
+
+class RooflineCostModel(ChunkedPrefill):
     """Turns a batch (prefill chunks with their context, decode contexts) into seconds."""
 
     kind = "roofline"
@@ -166,17 +186,6 @@ class RooflineCostModel:
         base += pairs_within * prefill_pair / self.flops_per_s
         per_position = block_size * block_size * prefill_pair / self.flops_per_s
         return base, per_position
-
-    def prefill_time_s(self, tokens: int, context: int = 0, chunk: int | None = None) -> float:
-        """Seconds to prefill `tokens` after `context` alone, in chunks of at most `chunk`."""
-        chunk = chunk or tokens
-        total = 0.0
-        done = 0
-        while done < tokens:
-            n = min(chunk, tokens - done)
-            total += self.iteration_time_s([(n, context + done)], [])
-            done += n
-        return total
 
 
 def _windowed_pairs(context: int, new: int, window: int) -> float:

@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from kvsim.errors import ConfigError
-from kvsim.hardware.costmodel import RooflineCostModel, _windowed_pairs
+from kvsim.hardware.costmodel import ChunkedPrefill, RooflineCostModel, _windowed_pairs
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec, attention_costs, kv_heads_per_rank
 from kvsim.models.dtypes import weight_dtype_bytes
@@ -590,7 +590,7 @@ def _prefill_curve(table: PrefillTable, roofline: Roofline) -> RateCurve:
     return RateCurve(np.array(table.pairs), np.array(table.seconds), roofline)
 
 
-class MeasuredCostModel:
+class MeasuredCostModel(ChunkedPrefill):
     """Iteration times from a calibrated profile; same calls as ``RooflineCostModel``."""
 
     kind = "measured"
@@ -708,17 +708,6 @@ class MeasuredCostModel:
         far = self.prefill_attention_s(block_size, 64 * block_size)
         base = float(self.linear_time_s(block_size, 1)) + near
         return base, max(far - near, 0.0) / 64
-
-    def prefill_time_s(self, tokens: int, context: int = 0, chunk: int | None = None) -> float:
-        """Seconds to prefill ``tokens`` after ``context`` alone, in chunks of at most ``chunk``."""
-        chunk = chunk or tokens
-        total = 0.0
-        done = 0
-        while done < tokens:
-            n = min(chunk, tokens - done)
-            total += self.iteration_time_s([(n, context + done)], [])
-            done += n
-        return total
 
 
 def mismatch(
