@@ -226,3 +226,25 @@ def test_bad_tier_options(tmp_path, args, needle):
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_mrc_and_trace_commands_end_to_end(tmp_path):
+    proc = kvsim(
+        "mrc",
+        "--trace",
+        "mooncake-arxiv-1000",
+        "--policy",
+        "lru,belady",
+        "--capacity",
+        "100,1000",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout)["results"]
+    by = {(r["policy"], r["capacity"]): r["hit_ratio"] for r in results}
+    assert by[("belady", 100)] >= by[("lru", 100)] and by[("belady", 1000)] >= by[("lru", 1000)]
+    bad = kvsim("mrc", "--trace", "mooncake-arxiv-1000", "--policy", "lru", "--capacity", "-5")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    stats = kvsim("trace", "stats", "pi-coding-agent", "--json")
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["requests"] == 17
