@@ -120,6 +120,13 @@ def _default_out() -> Path:
     help="Eviction policy (name or module:Class) for every tier, or per tier: "
     "hbm=lru,dram=arc. [default: lru]",
 )
+@click.option(
+    "--policy-param",
+    "policy_params",
+    multiple=True,
+    metavar="POLICY.NAME=VALUE",
+    help="A policy parameter, e.g. bayes-reuse.horizon_s=60 (repeatable).",
+)
 @click.option("--model", help="Catalog model name or model TOML. [default: llama-3.1-8b]")
 @click.option("--hardware", help="Hardware profile name or TOML. [default: h100-sxm]")
 @click.option("--tp", type=int, help="Tensor-parallel GPUs per replica. [default: 1]")
@@ -178,6 +185,7 @@ def run(config_path: str | None, out: str | None, as_json: bool, **options) -> N
     if options.pop("no_prefix_caching"):
         options["enable_prefix_caching"] = False
     options["tier_capacity"] = ",".join(options["tier_capacity"]) or None
+    options["policy_params"] = ",".join(options["policy_params"]) or None
     options["max_num_batched_tokens"] = options.pop("max_batched_tokens")
     given = {k: v for k, v in options.items() if v is not None}
     base = RunConfig.from_toml(config_path) if config_path else RunConfig()

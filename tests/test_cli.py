@@ -248,3 +248,49 @@ def test_mrc_and_trace_commands_end_to_end(tmp_path):
     stats = kvsim("trace", "stats", "pi-coding-agent", "--json")
     assert stats.returncode == 0, stats.stderr
     assert json.loads(stats.stdout)["requests"] == 17
+
+
+def test_policy_parameters_reach_the_policy(tmp_path):
+    base = [
+        "mrc",
+        "--trace",
+        "mooncake-arxiv-1000",
+        "--policy",
+        "ema-head",
+        "--capacity",
+        "500",
+        "--semantics",
+        "prefix",
+        "--json",
+    ]
+    lossless = json.loads(kvsim(*base).stdout)["results"][0]
+    lossy = json.loads(kvsim(*base, "--policy-param", "ema-head.tolerate_loss=0.001").stdout)
+    lossy = lossy["results"][0]
+    assert lossy["lossy_hits"] > 0 and lossless["lossy_hits"] == 0
+    assert lossy["hit_ratio"] > lossless["hit_ratio"]
+    proc = kvsim(
+        "run",
+        "--max-requests",
+        "20",
+        "--policy",
+        "bayes-reuse",
+        "--policy-param",
+        "bayes-reuse.nope=1",
+        "--out",
+        str(tmp_path / "x"),
+    )
+    assert proc.returncode == 2 and "unknown parameter 'nope'" in proc.stderr
+    proc = kvsim(
+        "run",
+        "--max-requests",
+        "30",
+        "--policy",
+        "bayes-reuse",
+        "--policy-param",
+        "bayes-reuse.horizon_s=30",
+        "--out",
+        str(tmp_path / "y"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    config = tomllib.loads((tmp_path / "y" / "config.toml").read_text())
+    assert config["engine"]["policy_params"] == "bayes-reuse.horizon_s=30"

@@ -24,7 +24,13 @@ class EngineConfig:
     tp: int = field(default=1, metadata={"help": "tensor-parallel GPUs in the replica"})
     kv_dtype: str = field(default="bf16", metadata={"help": "KV cache dtype"})
     weight_dtype: str = field(default="bf16", metadata={"help": "weight dtype"})
-    policy: str = field(default="lru", metadata={"help": "HBM eviction policy"})
+    policy: str = field(
+        default="lru", metadata={"help": "eviction policy, or one per tier: 'hbm=lru,dram=arc'"}
+    )
+    policy_params: str = field(
+        default="",
+        metadata={"help": "policy parameters, e.g. 'bayes-reuse.horizon_s=60,ema-head.groups=4'"},
+    )
     enable_prefix_caching: bool = field(
         default=True, metadata={"help": "reuse cached prefix blocks (vLLM APC)"}
     )

@@ -23,7 +23,7 @@ from kvsim.hardware.profile import HardwareProfile
 from kvsim.kvcache import BlockPool
 from kvsim.kvcache.hierarchy import Hierarchy
 from kvsim.models import ModelSpec, kv_bytes_per_block, kv_bytes_per_token
-from kvsim.policies import make_policy
+from kvsim.policies import make_policy, parse_policy_params
 from kvsim.traces import Trace
 from kvsim.traces.blocks import batch_block_hashes, block_kinds, sequence_block_hashes
 from kvsim.traces.schema import KIND_CODES, SEGMENT_KINDS, segment_columns
@@ -186,7 +186,8 @@ def simulate(
     cost = make_cost_model(
         model, profile, tp=config.tp, kv_dtype=config.kv_dtype, weight_dtype=config.weight_dtype
     )
-    policy = make_policy(per_tier(config.policy, "policy", "lru")["hbm"])
+    hbm_policy = per_tier(config.policy, "policy", "lru")["hbm"]
+    policy = make_policy(hbm_policy, parse_policy_params(config.policy_params).get(hbm_policy))
     pool = BlockPool(num_blocks, policy, block_bytes)
     source = _TraceRequests(trace, config.block_size)
     env = simpy.Environment()

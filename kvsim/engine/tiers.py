@@ -17,7 +17,7 @@ from kvsim.errors import ConfigError, UnknownNameError
 from kvsim.hardware.profile import HardwareProfile, TierSpec, with_overrides
 from kvsim.kvcache.hierarchy import ADMISSIONS, Hierarchy, LowerTier
 from kvsim.kvcache.link import Link
-from kvsim.policies import make_policy
+from kvsim.policies import make_policy, parse_policy_params
 
 TIER_ORDER = ("hbm", "dram", "cxl", "nvme", "rdma", "pfs")
 
@@ -87,6 +87,7 @@ def build_hierarchy(
 ) -> Hierarchy:
     """The enabled tiers below HBM, each with its policy, admission rule and link."""
     policies = per_tier(config.policy, "policy", "lru")
+    params = parse_policy_params(config.policy_params)
     admissions = per_tier(config.admission, "admission", "all")
     for name, rule in admissions.items():
         if rule not in ADMISSIONS:
@@ -107,7 +108,7 @@ def build_hierarchy(
                 name=spec.name,
                 index=len(tiers),
                 capacity_blocks=blocks,
-                policy=make_policy(policies[spec.name]),
+                policy=make_policy(policies[spec.name], params.get(policies[spec.name])),
                 link=link,
                 admission=admissions[spec.name],
                 bounce=bounce,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import click
 
 from kvsim.errors import ConfigError
 from kvsim.mrc.replay import SEMANTICS, BlockSequence, ReplayResult, next_use, replay
-from kvsim.policies import make_policy, resolve_policy
+from kvsim.policies import make_policy, parse_policy_params, resolve_policy
 from kvsim.traces import load_trace
 
 
@@ -37,8 +38,14 @@ def run_mrc(
     semantics: str = "plain",
     block_size: int | None = None,
     max_requests: int | None = None,
+    params: dict[str, dict[str, Any]] | None = None,
 ) -> list[ReplayResult]:
-    """Every policy at every capacity; the Python API behind the command."""
+    """Every policy at every capacity; the Python API behind the command. `params` maps a
+    policy name to its parameters (its `Params` dataclass fields)."""
+    params = params or {}
+    unused = sorted(set(params) - set(policies))
+    if unused:
+        raise ConfigError(f"--policy-param: {unused[0]!r} is not among the policies replayed")
     if semantics not in SEMANTICS:
         raise ConfigError(f"semantics must be one of {', '.join(SEMANTICS)}, got {semantics!r}")
     for name in policies:
@@ -52,7 +59,7 @@ def run_mrc(
     results = []
     for name in policies:
         for capacity in capacities:
-            policy = make_policy(name)
+            policy = make_policy(name, params.get(name))
             if policy.needs_future and future is None:
                 future = next_use(seq.keys)
             result = replay(seq, policy, capacity, semantics, future=future)
@@ -105,6 +112,13 @@ def plot_mrc(results: list[ReplayResult], path: str, title: str) -> None:
     help="Tokens per block (default: the trace's native size, else 16).",
 )
 @click.option("--max-requests", type=int, default=None, help="Replay only the first N requests.")
+@click.option(
+    "--policy-param",
+    "policy_params",
+    multiple=True,
+    metavar="POLICY.NAME=VALUE",
+    help="A policy parameter, e.g. ema-head.tolerate_loss=0.001 (repeatable).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option(
     "--plot",
@@ -119,6 +133,7 @@ def mrc(
     semantics: str,
     block_size: int | None,
     max_requests: int | None,
+    policy_params: tuple[str, ...],
     as_json: bool,
     plot: str | None,
 ) -> None:
@@ -128,7 +143,8 @@ def mrc(
     start = time.perf_counter()
     # KvsimError propagates: kvsim.cli.main prints it as one line and exits 2. Nothing is written
     # until every replay has finished, so a failing plugin leaves no complete-looking output.
-    results = run_mrc(trace, policies, capacities, semantics, block_size, max_requests)
+    params = parse_policy_params(policy_params)
+    results = run_mrc(trace, policies, capacities, semantics, block_size, max_requests, params)
     wall_s = time.perf_counter() - start
     if plot:
         plot_mrc(results, plot, f"{trace} ({semantics})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from importlib.metadata import entry_points
@@ -124,6 +125,27 @@ def _build_params(cls: type[EvictionPolicy], name: str, params: Mapping[str, Any
             f"policy {name!r}: unknown parameter {unknown[0]!r}; valid: {', '.join(sorted(known))}"
         )
     return cls.Params(**params)
+
+
+def parse_policy_params(items: str | list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """'ema-head.tolerate_loss=0.001,bayes-reuse.horizon_s=60' -> parameters per policy name.
+
+    Values are read as JSON where they parse (numbers, true/false, quoted strings), else kept as
+    text, so `--policy-param bayes-reuse.prefix_aware=false` works as typed."""
+    if isinstance(items, str):
+        items = [p for p in items.split(",") if p.strip()]
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        policy, dot, field = key.strip().rpartition(".")
+        if not sep or not dot or not policy or not field:
+            raise ConfigError(f"policy parameter {item!r}: expected POLICY.NAME=VALUE")
+        try:
+            value: Any = json.loads(text)
+        except json.JSONDecodeError:
+            value = text.strip()
+        out.setdefault(policy, {})[field] = value
+    return out
 
 
 def make_policy(name: str, params: Mapping[str, Any] | None = None) -> EvictionPolicy:
