@@ -58,6 +58,7 @@ def test_names():
         "mooncake-arxiv-1000",
         "mooncake-conversation",
         "mooncake-synthetic",
+        "mooncake-toolagent",
         "pi-coding-agent",
         "sharegpt",
     ]

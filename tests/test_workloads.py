@@ -23,7 +23,8 @@ from kvsim.traces.stats import reuse_ceiling, trace_stats
 
 BUILT_INS = [
     "agentic", "azure-code", "azure-conv", "lmsys", "mooncake-arxiv-1000",
-    "mooncake-conversation", "mooncake-synthetic", "pi-coding-agent", "sharegpt",
+    "mooncake-conversation", "mooncake-synthetic", "mooncake-toolagent", "pi-coding-agent",
+    "sharegpt",
 ]  # fmt: skip
 
 

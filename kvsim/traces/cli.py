@@ -11,7 +11,7 @@ from kvsim.errors import KvsimError
 
 __all__ = ["trace"]
 
-_SYNTH_KINDS = ("sharegpt", "lmsys", "agentic")
+_SYNTH_KINDS = ("sharegpt", "lmsys", "agentic", "mooncake-toolagent")
 
 
 @click.group("trace")

@@ -34,6 +34,7 @@ from kvsim.traces.schema import META_SKIPPED, Trace, read_trace
 from kvsim.traces.sharegpt import load_sharegpt
 from kvsim.traces.swe_agent import read_swe_agent
 from kvsim.traces.text import make_counter
+from kvsim.traces.toolagent import ToolAgentParams, generate_toolagent
 
 __all__ = [
     "FORMATS",
@@ -199,6 +200,12 @@ def _agentic(root: Path, opts: _Options) -> Trace:
     )  # fmt: skip
 
 
+def _toolagent(root: Path, opts: _Options) -> Trace:
+    base = ToolAgentParams()
+    rate = (opts.rate or base.rate) * opts.rate_scale
+    return generate_toolagent(replace(base, rate=rate), seed=opts.seed, requests=opts.max_requests)
+
+
 def _file(relpath: str, reader: Callable[..., Chunked], name: str) -> Loader:
     def load(root: Path, opts: _Options) -> Trace:
         path = root / relpath
@@ -239,6 +246,11 @@ register_trace(
     _mooncake("mooncake/mooncake_trace_1000.jsonl", "mooncake-arxiv-1000"),
     "real: first 1,000 rows of Mooncake's arXiv trace (arrivals, lengths, prefix hashes)",
 )
+register_trace(
+    "mooncake-toolagent", _toolagent,
+    "drawn: Mooncake tool&agent stand-in (23,608 calls, shared tool prefixes, growing histories) "
+    "fitted to published means, medians and cache ratio",
+)  # fmt: skip
 register_trace(
     "azure-conv",
     _file("azure/AzureLLMInferenceTrace_conv.csv", read_azure, "azure-conv"),
