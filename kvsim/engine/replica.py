@@ -53,7 +53,6 @@ class Replica:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.loading: list[Request] = []  # admitted, waiting for blocks from lower tiers
-        self.prefetching_blocks = 0  # HBM blocks held by prefetches in flight
         self.prefetched_blocks = 0
         # position-independent reuse: segment hash -> block hashes holding its KV somewhere
         self.segment_blocks: dict[int, list[int]] = {}
@@ -63,7 +62,6 @@ class Replica:
         self.busy_s = 0.0
         self.block_ops = 0
         self._wake: simpy.Event | None = None
-        self._idle = True
         self.process = env.process(self._loop())
 
     # -- arrivals ----------------------------------------------------------------------------------
@@ -291,12 +289,10 @@ class Replica:
         done = self.hierarchy.load(hashes[hit:end], tiers, [0] * count)  # pins them first
         done.callbacks.append(lambda _ev: self._prefetched(hashes, hit, end))
         self.pool.allocate(count)
-        self.prefetching_blocks += count
 
     def _prefetched(self, hashes: list[int], start: int, end: int) -> None:
         now = self.env.now
         count = end - start
-        self.prefetching_blocks -= count
         self.prefetched_blocks += count
         fresh = self.pool.register(hashes, start, end, now)
         self.pool.release(hashes, fresh, count - len(fresh), now)

@@ -54,7 +54,6 @@ class RunResult:
     timeline: pa.Table | None = None
     hourly_cost_usd: dict[str, float] = field(default_factory=dict)
     prefetched_blocks: int = 0
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 def kv_blocks_for(
@@ -302,6 +301,7 @@ def _requests_table(
     arrival = col("arrival_s")
     first = col("first_token_s")
     finish = col("finish_s")
+    scheduled = col("scheduled_s")
     output = source.output_tokens
     done = (finish >= 0) & ~rejected
     nan = np.full(len(requests), math.nan)
@@ -316,7 +316,7 @@ def _requests_table(
             "turn": source.turn,
             "status": status,
             "arrival_s": arrival,
-            "scheduled_s": np.where(col("scheduled_s") >= 0, col("scheduled_s"), nan),
+            "scheduled_s": np.where(scheduled >= 0, scheduled, nan),
             "first_token_s": np.where(done, first, nan),
             "finish_s": np.where(done, finish, nan),
             "ttft_s": ttft,

@@ -69,8 +69,13 @@ def replica_share(profile: HardwareProfile, tier: TierSpec, tp: int) -> float:
 
 
 def _bandwidths(profile: HardwareProfile, tier: TierSpec, tp: int) -> tuple[float, float]:
-    scale = tp if tier.bandwidth_scope == "per_gpu" else tp / profile.gpus_per_node
-    return tier.read_bandwidth_bytes_per_s * scale, tier.write_bandwidth_bytes_per_s * scale
+    """The replica's share of the node's bandwidth to `tier`: its tp GPUs' paths."""
+    gpus = profile.gpus_per_node
+    share = tp / gpus
+    return (
+        tier.node_read_bandwidth_bytes_per_s(gpus) * share,
+        tier.node_write_bandwidth_bytes_per_s(gpus) * share,
+    )
 
 
 def _link(env: simpy.Environment, profile: HardwareProfile, tier: TierSpec, tp: int) -> Link:

@@ -58,9 +58,6 @@ class ChunkedPrefill:
 class RooflineCostModel(ChunkedPrefill):
     """Turns a batch (prefill chunks with their context, decode contexts) into seconds."""
 
-    kind = "roofline"
-    reason = "the roofline of the profile's datasheet figures"
-
     kind = "roofline"  # kvsim.hardware.measured.MeasuredCostModel says "measured"
     reason = "datasheet roofline"  # why this model was chosen, for the run summary
 

@@ -102,11 +102,6 @@ class HardwareProfile:
         """The tiers a run uses, fastest first."""
         return tuple(t for t in self.tiers if t.enabled)
 
-    @property
-    def node_usd_per_hour(self) -> float:
-        """What the node's GPUs cost per hour (tier costs come on top, by GB-hour)."""
-        return self.gpu_usd_per_hour * self.gpus_per_node
-
 
 def with_overrides(
     profile: HardwareProfile,

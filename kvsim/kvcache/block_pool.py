@@ -29,9 +29,7 @@ from kvsim.policies.base import BlockInfo, EvictionPolicy
 class PoolStats:
     """Counters the pool keeps; policies never touch them."""
 
-    hits: int = 0
     evictions: int = 0
-    registered: int = 0
 
 
 class _Parents(Sequence[int]):
@@ -117,7 +115,6 @@ class BlockPool:
         self.info.now_s = now_s
         self.policy.pin_many(keys, [c == 0 for c in counts], self.info)
         refs.update(zip(keys, [c + 1 for c in counts], strict=True))
-        self.stats.hits += count
 
     def allocate(self, count: int) -> bool:
         """Take `count` blocks, evicting cached ones the policy picks; False if impossible."""
@@ -157,7 +154,6 @@ class BlockPool:
         else:
             fresh = [p for p in range(start, end) if hashes[p] not in refs]
             refs.update((hashes[p], 1) for p in fresh)
-        self.stats.registered += len(fresh)
         if self.on_register is not None and fresh:
             self.on_register([hashes[p] for p in fresh])
         return fresh

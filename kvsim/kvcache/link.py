@@ -67,11 +67,6 @@ class Link:
         self._last_s = 0.0  # when `remaining_s` of the active transfers was last brought up to date
         self._generation = 0  # invalidates completion timers scheduled before the last change
 
-    def solo_time_s(self, nbytes: float, write: bool = False) -> float:
-        """Seconds a transfer takes with the link to itself."""
-        rate = self.write_bytes_per_s if write else self.read_bytes_per_s
-        return self.latency_s + nbytes / rate
-
     def transfer(self, nbytes: int, write: bool = False) -> simpy.Event:
         """Start moving `nbytes` (a read towards HBM, or a write away from it); the returned
         event fires when the last byte has arrived."""
@@ -139,10 +134,6 @@ class Link:
             self.stats.queueing_s += max(0.0, (now - t.started_s) - t.solo_s)
             t.done.succeed()
         self._schedule()
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._reads) + len(self._writes)
 
     @property
     def reads_in_flight(self) -> int:

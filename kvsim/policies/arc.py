@@ -14,18 +14,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kvsim.policies.base import BlockInfo, EvictionPolicy
+from kvsim.policies.base import BlockInfo
+from kvsim.policies.queues import QueuedPolicy
 
 
-class ARC(EvictionPolicy):
+class ARC(QueuedPolicy):
     name = "arc"
 
     def __init__(self) -> None:
-        # Evictable members of T1/T2 in LRU order (front = least recent); pinned ones are counted.
-        self._t = (OrderedDict[int, None](), OrderedDict[int, None]())
-        self._pinned = [0, 0]
+        super().__init__(2)  # T1, T2 in LRU order (front = least recent)
         self._ghost = (OrderedDict[int, None](), OrderedDict[int, None]())
-        self._list: dict[int, int] = {}  # resident key -> 0 (T1) or 1 (T2)
         self._p = 0.0
         self._capacity = 0
         self._incoming: int | None = None  # key of the current miss
@@ -36,9 +34,6 @@ class ARC(EvictionPolicy):
 
     def set_capacity(self, blocks: int) -> None:
         self._capacity = blocks
-
-    def _size(self, i: int) -> int:
-        return len(self._t[i]) + self._pinned[i]
 
     def miss(self, key: int, info: BlockInfo) -> None:
         self._incoming = key
@@ -54,47 +49,38 @@ class ARC(EvictionPolicy):
             self._incoming_ghost = 1
 
     def add(self, key: int, info: BlockInfo) -> None:
-        which = self._list.get(key)
-        if which is not None:  # unpinned again: back to the MRU end of its list
-            self._pinned[which] -= 1
-        else:
-            if self._incoming != key:
-                self.miss(key, info)
-            which = 1 if self._incoming_ghost >= 0 else 0
-            self._incoming, self._incoming_ghost = None, -1
-            self._list[key] = which
-        self._t[which][key] = None
+        if self._unpin(key):  # unpinned again: back to the MRU end of its list
+            return
+        if self._incoming != key:
+            self.miss(key, info)
+        to_t2 = self._incoming_ghost >= 0
+        self._incoming, self._incoming_ghost = None, -1
+        self._join(key, 1 if to_t2 else 0)
 
     def access(self, key: int, info: BlockInfo) -> None:
-        which = self._list.get(key)
+        which = self._where.get(key)
         if which is None:
             return
-        evictable = self._t[which].pop(key, 0) is None
+        evictable = self._q[which].pop(key, 0) is None
         if which == 0:
-            self._list[key] = 1
+            self._where[key] = 1
             if not evictable:
                 self._pinned[0] -= 1
                 self._pinned[1] += 1
         if evictable:
-            self._t[1][key] = None
-
-    def discard(self, key: int) -> None:
-        which = self._list.get(key)
-        if which is not None and self._t[which].pop(key, 0) is None:
-            self._pinned[which] += 1
+            self._q[1][key] = None
 
     def forget(self, key: int) -> None:
-        which = self._list.pop(key, None)
+        which = self._leave(key)
         if which is None:
             return
-        self._pinned[which] -= 1
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == key and not pending[1]:
             return
         self._ghost[which][key] = None
 
     def _replace(self) -> int:
-        t1, t2 = self._t
+        t1, t2 = self._q
         n1 = self._size(0)
         from_t1 = (n1 > 0 and (n1 > self._p or (n1 == self._p and self._incoming_ghost == 1))) or (
             self._size(1) == 0
@@ -104,7 +90,7 @@ class ARC(EvictionPolicy):
         return next(iter(queue))
 
     def victim(self) -> int:
-        t1, t2 = self._t
+        t1, t2 = self._q
         if not t1 and not t2:
             raise LookupError("no evictable block")
         b1, b2 = self._ghost
@@ -126,6 +112,3 @@ class ARC(EvictionPolicy):
         key = self._replace()
         self._pending = (key, True)
         return key
-
-    def __len__(self) -> int:
-        return len(self._t[0]) + len(self._t[1])

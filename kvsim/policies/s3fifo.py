@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from kvsim.policies.base import BlockInfo, EvictionPolicy
+from kvsim.policies.base import BlockInfo
+from kvsim.policies.queues import QueuedPolicy
 
 
 @dataclass(frozen=True)
@@ -29,15 +30,13 @@ class S3FIFOParams:
     """Hits while in the small FIFO that promote a block to main."""
 
 
-class S3FIFO(EvictionPolicy):
+class S3FIFO(QueuedPolicy):
     name = "s3fifo"
     Params = S3FIFOParams
 
     def __init__(self, params: S3FIFOParams | None = None) -> None:
+        super().__init__(2)  # queue 0: small, 1: main
         self.params = params or S3FIFOParams()
-        self._q = (OrderedDict[int, None](), OrderedDict[int, None]())  # small, main (evictable)
-        self._pinned = [0, 0]
-        self._where: dict[int, int] = {}  # resident key -> 0 small / 1 main
         self._freq: dict[int, int] = {}
         self._ghost: OrderedDict[int, None] = OrderedDict()
         self._small_cap = self._main_cap = self._ghost_cap = 0
@@ -51,43 +50,29 @@ class S3FIFO(EvictionPolicy):
         self._main_cap = blocks - self._small_cap
         self._ghost_cap = int(blocks * self.params.ghost_size_ratio)
 
-    def _size(self, i: int) -> int:
-        return len(self._q[i]) + self._pinned[i]
-
     def miss(self, key: int, info: BlockInfo) -> None:
         self._incoming = key
         self._incoming_ghost = self._ghost.pop(key, 0) is None
 
     def add(self, key: int, info: BlockInfo) -> None:
-        where = self._where.get(key)
-        if where is not None:
-            self._pinned[where] -= 1
-        else:
-            if self._incoming != key:
-                self.miss(key, info)
-            if self._incoming_ghost or (not self._has_evicted and self._size(0) >= self._small_cap):
-                where = 1
-            else:
-                where = 0
-            self._incoming, self._incoming_ghost = None, False
-            self._where[key] = where
-            self._freq[key] = 0
-        self._q[where][key] = None
+        if self._unpin(key):
+            return
+        if self._incoming != key:
+            self.miss(key, info)
+        to_main = self._incoming_ghost or (
+            not self._has_evicted and self._size(0) >= self._small_cap
+        )
+        self._incoming, self._incoming_ghost = None, False
+        self._freq[key] = 0
+        self._join(key, 1 if to_main else 0)
 
     def access(self, key: int, info: BlockInfo) -> None:
         if key in self._freq:
             self._freq[key] += 1
 
-    def discard(self, key: int) -> None:
-        where = self._where.get(key)
-        if where is not None and self._q[where].pop(key, 0) is None:
-            self._pinned[where] += 1
-
     def forget(self, key: int) -> None:
-        where = self._where.pop(key, None)
-        if where is None:
+        if self._leave(key) is None:
             return
-        self._pinned[where] -= 1
         self._freq.pop(key, None)
         if self._pending == key and self._ghost_cap > 0:
             ghost = self._ghost
@@ -124,6 +109,3 @@ class S3FIFO(EvictionPolicy):
                 else:
                     self._pending = key
                     return key
-
-    def __len__(self) -> int:
-        return len(self._q[0]) + len(self._q[1])

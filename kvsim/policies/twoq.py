@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from kvsim.policies.base import BlockInfo, EvictionPolicy
+from kvsim.policies.base import BlockInfo
+from kvsim.policies.queues import QueuedPolicy
 
 
 @dataclass(frozen=True)
@@ -22,15 +23,13 @@ class TwoQParams:
     """A1out ghost length as a share of the tier's size in blocks."""
 
 
-class TwoQ(EvictionPolicy):
+class TwoQ(QueuedPolicy):
     name = "2q"
     Params = TwoQParams
 
     def __init__(self, params: TwoQParams | None = None) -> None:
+        super().__init__(2)  # queue 0: A1in FIFO, 1: Am LRU
         self.params = params or TwoQParams()
-        self._q = (OrderedDict[int, None](), OrderedDict[int, None]())  # A1in FIFO, Am LRU
-        self._pinned = [0, 0]
-        self._where: dict[int, int] = {}
         self._ghost: OrderedDict[int, None] = OrderedDict()
         self._in_cap = self._out_cap = 0
         self._incoming: int | None = None
@@ -46,31 +45,21 @@ class TwoQ(EvictionPolicy):
         self._incoming_ghost = self._ghost.pop(key, 0) is None
 
     def add(self, key: int, info: BlockInfo) -> None:
-        where = self._where.get(key)
-        if where is not None:
-            self._pinned[where] -= 1
-        else:
-            if self._incoming != key:
-                self.miss(key, info)
-            where = 1 if self._incoming_ghost else 0
-            self._incoming, self._incoming_ghost = None, False
-            self._where[key] = where
-        self._q[where][key] = None
+        if self._unpin(key):
+            return
+        if self._incoming != key:
+            self.miss(key, info)
+        to_am = self._incoming_ghost
+        self._incoming, self._incoming_ghost = None, False
+        self._join(key, 1 if to_am else 0)
 
     def access(self, key: int, info: BlockInfo) -> None:
         if self._where.get(key) == 1 and key in self._q[1]:
             self._q[1].move_to_end(key)
 
-    def discard(self, key: int) -> None:
-        where = self._where.get(key)
-        if where is not None and self._q[where].pop(key, 0) is None:
-            self._pinned[where] += 1
-
     def forget(self, key: int) -> None:
-        where = self._where.pop(key, None)
-        if where is None:
+        if self._leave(key) is None:
             return
-        self._pinned[where] -= 1
         if self._pending == key and self._out_cap > 0:
             if len(self._ghost) >= self._out_cap:
                 self._ghost.popitem(last=False)
@@ -87,6 +76,3 @@ class TwoQ(EvictionPolicy):
             self._pending = None
             return next(iter(am))
         raise LookupError("no evictable block")
-
-    def __len__(self) -> int:
-        return len(self._q[0]) + len(self._q[1])

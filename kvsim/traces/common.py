@@ -7,8 +7,10 @@ in arrival order without holding the whole trace.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +19,16 @@ from kvsim.errors import TraceError
 from kvsim.traces.schema import KIND_CODES, make_trace_table
 
 __all__ = ["ChatMessages", "Chunked", "Requests", "RowErrors", "chat_requests", "closed_loop_times"]
+
+
+def read_json(path: Path, shown: str) -> object:
+    """A whole JSON document, or a one-line TraceError naming the file."""
+    try:
+        return json.loads(path.read_bytes())
+    except OSError as exc:
+        raise TraceError(f"{shown}: cannot open: {exc.strerror}") from None
+    except ValueError as exc:
+        raise TraceError(f"{shown}: not valid JSON: {exc}") from None
 
 
 @dataclass

@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -180,24 +181,23 @@ def _grow(make: Callable[[int], Trace], sessions: int, per_session: float, want:
         sessions *= 2
 
 
-def _lmsys(root: Path, opts: _Options) -> Trace:
-    base = LmsysParams()
-    rate = (opts.rate or base.rate) * opts.rate_scale
-    return _grow(
-        lambda n: generate_lmsys(replace(base, sessions=n, rate=rate), seed=opts.seed,
-                                 max_requests=opts.max_requests),
-        base.sessions, base.mean_turns, opts.max_requests,
-    )  # fmt: skip
+def _sessions(generate: Callable[..., Trace], base: Any, per_session: float) -> Loader:
+    """A loader for a session generator: the option rate, and enough sessions for the request
+    count asked for."""
+
+    def load(root: Path, opts: _Options) -> Trace:
+        rate = (opts.rate or base.rate) * opts.rate_scale
+        return _grow(
+            lambda n: generate(replace(base, sessions=n, rate=rate), seed=opts.seed,
+                               max_requests=opts.max_requests),
+            base.sessions, per_session, opts.max_requests,
+        )  # fmt: skip
+
+    return load
 
 
-def _agentic(root: Path, opts: _Options) -> Trace:
-    base = AgenticParams()
-    rate = (opts.rate or base.rate) * opts.rate_scale
-    return _grow(
-        lambda n: generate_agentic(replace(base, sessions=n, rate=rate), seed=opts.seed,
-                                   max_requests=opts.max_requests),
-        base.sessions, 9.0, opts.max_requests,
-    )  # fmt: skip
+_lmsys = _sessions(generate_lmsys, LmsysParams(), LmsysParams().mean_turns)
+_agentic = _sessions(generate_agentic, AgenticParams(), 9.0)  # calls per session, roughly
 
 
 def _toolagent(root: Path, opts: _Options) -> Trace:

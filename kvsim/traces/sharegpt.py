@@ -33,7 +33,6 @@ their `arrival_s` is a nominal open-loop estimate: previous arrival +
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import TraceError
+from kvsim.traces.common import read_json
 from kvsim.traces.schema import KIND_CODES, Trace, make_trace_table
 
 __all__ = ["ShareGPTParams", "generate_sharegpt", "load_sharegpt", "read_first_turn_tokens"]
@@ -81,12 +81,7 @@ def read_first_turn_tokens(path: str | Path, shown: str | None = None) -> np.nda
     """Token counts (ceil(chars / 4), >= 1) of the first human message of each conversation."""
     path = Path(path)
     shown = shown or str(path)
-    try:
-        data = json.loads(path.read_bytes())
-    except OSError as exc:
-        raise TraceError(f"{shown}: cannot open: {exc.strerror}") from None
-    except ValueError as exc:
-        raise TraceError(f"{shown}: not valid JSON: {exc}") from None
+    data = read_json(path, shown)
     if not isinstance(data, list) or not data:
         raise TraceError(f"{shown}: expected a non-empty JSON list of conversations")
     tokens = []

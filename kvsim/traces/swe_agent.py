@@ -15,14 +15,20 @@ call issues as soon as the previous reply ends).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from kvsim.errors import TraceError
-from kvsim.traces.common import ChatMessages, Chunked, RowErrors, chat_requests, closed_loop_times
+from kvsim.traces.common import (
+    ChatMessages,
+    Chunked,
+    RowErrors,
+    chat_requests,
+    closed_loop_times,
+    read_json,
+)
 from kvsim.traces.schema import KIND_CODES
 from kvsim.traces.text import TokenCounter, content_hashes
 
@@ -42,12 +48,7 @@ def _text(content: object) -> str | None:
 
 
 def _parse(path: Path, shown: str, errors: RowErrors) -> tuple[list[int], list[str], list[float]]:
-    try:
-        data = json.loads(path.read_bytes())
-    except OSError as exc:
-        raise TraceError(f"{shown}: cannot open: {exc.strerror}") from None
-    except ValueError as exc:
-        raise TraceError(f"{shown}: not valid JSON: {exc}") from None
+    data = read_json(path, shown)
     history = data.get("history") if isinstance(data, dict) else None
     if not isinstance(history, list):
         raise TraceError(f"{shown}: field 'history': missing or not a list")
