@@ -87,7 +87,8 @@ def _plot(tr, out: Path) -> None:
     for column in ("input_tokens", "output_tokens"):
         values = tr.table.column(column).to_numpy()
         fig, ax = plt.subplots(figsize=(6, 4))
-        bins = np.logspace(0, np.log10(max(2, values.max())), 50)
+        low = max(1, int(values.min()))  # start where the data does, not at 1 token
+        bins = np.logspace(np.log10(low), np.log10(max(low + 1, values.max())), 50)
         ax.hist(np.maximum(values, 1), bins=bins)
         ax.set_xscale("log")
         ax.set_xlabel(f"{column} (log scale)")
