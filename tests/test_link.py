@@ -81,3 +81,42 @@ def test_write_backs_yield_to_loads():
     env.run()
     # the write ran alone for 0.5 s, paused for the whole 1 s load, then finished its 1.5 s
     assert ends == pytest.approx({"load": 1.5, "write": 3.0})
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.floats(1e3, 1e9),  # a simulated clock far from zero, where a float's step is coarse
+    st.lists(st.tuples(st.floats(0, 1e-3), st.integers(1, 10**7)), min_size=1, max_size=8),
+    st.booleans(),
+)
+def test_transfers_end_at_any_clock(clock_s, transfers, write):
+    """Regression (issue 10): at t = 16,384 s a transfer with 1.4e-12 s of work left could not
+    move the clock, and the link rescheduled it forever. Every transfer must end, at any time."""
+    env = simpy.Environment(initial_time=clock_s)
+    link = Link(env, "test", 7.3e9, 3.1e9, 1e-6)
+    ends: list[float] = []
+
+    def go(start, nbytes):
+        yield env.timeout(start)
+        yield link.transfer(nbytes, write=write)
+        ends.append(env.now)
+
+    for start, nbytes in transfers:
+        env.process(go(start, nbytes))
+    steps = 0
+    while env.peek() != float("inf"):
+        env.step()
+        steps += 1
+        assert steps < 100 * len(transfers) + 100, "the link keeps rescheduling"
+    assert len(ends) == len(transfers)
+    total = sum(n for _, n in transfers) / (3.1e9 if write else 7.3e9)
+    assert link.stats.busy_s == pytest.approx(total, rel=1e-6, abs=1e-6)
+
+
+def test_transfer_with_rounding_residue_completes_at_16384_s():
+    env = simpy.Environment(initial_time=16_384.0)
+    link = Link(env, "test", 1.0, 1.0, 0.0)
+    # work that the clock cannot represent exactly at this time
+    events = [link.transfer(1.4e-12), link.transfer(1.0 + 1.4e-12)]
+    env.run(until=env.now + 10)
+    assert all(ev.triggered for ev in events)

@@ -54,6 +54,7 @@ class Replica:
         self.running: list[Request] = []
         self.loading: list[Request] = []  # admitted, waiting for blocks from lower tiers
         self.prefetched_blocks = 0
+        self.run_reserved_blocks = 0  # blocks a coalesced decode run counted on: not for prefetch
         # position-independent reuse: segment hash -> block hashes holding its KV somewhere
         self.segment_blocks: dict[int, list[int]] = {}
         self.rerotate_s_per_token = 0.0  # set by the simulation from the KV bytes and HBM
@@ -281,7 +282,8 @@ class Replica:
         hit, _ = self._prefix_hit(req)
         limit = min((req.known - 1) // self.block_size, len(hashes))
         tiers = self._worth_loading(req, hit, self.hierarchy.chain(hashes, hit, limit))
-        tiers = tiers[: self.pool.free_uncached + len(self.pool.policy)]
+        # a coalesced decode run in progress has counted on some of the available blocks
+        tiers = tiers[: max(self.pool.available - self.run_reserved_blocks, 0)]
         if not tiers:
             return
         count = len(tiers)
@@ -411,13 +413,19 @@ class Replica:
         bs = self.block_size
         return int(np.maximum(-(-(computed + steps) // bs) - held, 0).sum())
 
+    @staticmethod
+    def _block_counts(running: list[Request]) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens computed, blocks held) of each running request."""
+        computed = np.fromiter((r.computed for r in running), dtype=np.int64, count=len(running))
+        held = np.fromiter((r.held_blocks for r in running), dtype=np.int64, count=len(running))
+        return computed, held
+
     def _coalescible_steps(self) -> int:
         """Steps the decode batch can run unchanged: until the first finish, within free blocks."""
         running = self.running
         steps = min(r.output_tokens - r.generated for r in running)
         steps = min(steps, MAX_COALESCED_STEPS)
-        computed = np.fromiter((r.computed for r in running), dtype=np.int64, count=len(running))
-        held = np.fromiter((r.held_blocks for r in running), dtype=np.int64, count=len(running))
+        computed, held = self._block_counts(running)
         available = self.pool.available
         if self._blocks_needed(computed, held, steps) <= available:
             return steps
@@ -435,6 +443,7 @@ class Replica:
         running = list(self.running)  # the batch of this run; a load may append to the list
         contexts = np.fromiter((r.computed for r in running), dtype=np.float64, count=len(running))
         ends = self.cost.decode_run_ends_s(contexts, steps)
+        self.run_reserved_blocks = self._blocks_needed(*self._block_counts(running), steps)
         start = env.now
         self._wake = env.event()
         yield env.timeout(float(ends[-1])) | self._wake
@@ -448,6 +457,7 @@ class Replica:
             remaining = float(ends[done - 1]) - elapsed
             if remaining > 0:
                 yield env.timeout(remaining)
+        self.run_reserved_blocks = 0
         duration = float(ends[done - 1])
         self.busy_s += duration
         self.iterations += done

@@ -12,6 +12,9 @@ for loads, and never stretch a load the engine chose because it was faster than 
 (Our assumption: offloading connectors issue write-backs on a separate, lower-priority stream.)
 
 The link is event-driven: only starts and completions create SimPy events, never bytes or ticks.
+A completion timer is set for the transfer with the least work left, and when it fires that
+transfer is done, whatever rounding left in its `remaining_s`: at a large simulated time the clock
+cannot add the last picoseconds, so a threshold on what is left could stall the clock.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ class LinkStats:
     queueing_s: float = 0.0  # summed over transfers: actual duration - duration alone
 
 
+_TIE_S = 1e-12  # transfers within this much work of the completing one finish with it
+
+
 class _Transfer:
     __slots__ = ("done", "remaining_s", "solo_s", "started_s", "write")
 
@@ -41,6 +47,10 @@ class _Transfer:
         self.solo_s = work_s
         self.started_s = started_s
         self.write = write
+
+
+def _remaining(t: _Transfer) -> float:
+    return t.remaining_s
 
 
 class Link:
@@ -66,6 +76,7 @@ class Link:
         self._writes: list[_Transfer] = []
         self._last_s = 0.0  # when `remaining_s` of the active transfers was last brought up to date
         self._generation = 0  # invalidates completion timers scheduled before the last change
+        self._next: _Transfer | None = None  # the transfer the pending timer completes
 
     def transfer(self, nbytes: int, write: bool = False) -> simpy.Event:
         """Start moving `nbytes` (a read towards HBM, or a write away from it); the returned
@@ -114,8 +125,8 @@ class Link:
         if not served:
             return
         generation = self._generation
-        first = min(t.remaining_s for t in served)
-        delay = max(first, 0.0) * len(served)
+        self._next = first = min(served, key=_remaining)
+        delay = max(first.remaining_s, 0.0) * len(served)
         self.env.timeout(delay).callbacks.append(lambda _ev: self._complete(generation))
 
     def _complete(self, generation: int) -> None:
@@ -124,8 +135,11 @@ class Link:
         self._advance()
         now = self.env.now
         served = self._served()
-        finished = [t for t in served if t.remaining_s <= 1e-12]
-        left = [t for t in served if t.remaining_s > 1e-12]
+        # the timer's own transfer is done; so is any tied with it (equal work left)
+        assert self._next is not None
+        done_below = max(self._next.remaining_s, 0.0) + _TIE_S
+        finished = [t for t in served if t is self._next or t.remaining_s <= done_below]
+        left = [t for t in served if not (t is self._next or t.remaining_s <= done_below)]
         if served is self._reads:
             self._reads = left
         else:
