@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kvsim.kvcache.block_table import BlockTable
+
 
 class Request:
     """One model call. Token accounting follows vLLM V1:
@@ -10,6 +12,9 @@ class Request:
     - ``computed``: tokens whose KV is in HBM; a step processes tokens [computed, computed + n)
       and samples a new token when it reaches ``known``;
     - preemption (recompute) drops all KV: ``computed`` returns to 0, ``known`` is kept.
+
+    Its blocks on the replica serving it are in ``table`` (a `BlockTable`), which only the
+    KV-cache manager changes.
     """
 
     __slots__ = (
@@ -19,26 +24,21 @@ class Request:
         "finish_s",
         "first_token_s",
         "generated",
-        "hashes",
-        "held_blocks",
-        "held_cached",
-        "hit_memo",
+        "handoff",
         "index",
         "input_tokens",
-        "kinds",
         "known",
         "load_started_s",
         "load_wait_s",
         "lower_tokens",
         "output_tokens",
-        "pic_next",
-        "pic_segments",
         "preemptions",
-        "processed_blocks",
         "recomputed_tokens",
-        "rope_ranges",
+        "replica",
         "rope_tokens",
         "scheduled_s",
+        "table",
+        "transfer_bytes",
     )
 
     def __init__(self, index: int, input_tokens: int, output_tokens: int) -> None:
@@ -57,26 +57,31 @@ class Request:
         self.lower_tokens: list[int] | None = None  # prompt tokens loaded from each lower tier
         self.load_started_s = 0.0
         self.load_wait_s = 0.0
-        # position-independent reuse: (start, end, hash) of reusable segments, and the token
-        # ranges this admission takes from cached copies elsewhere
-        self.pic_segments: list[tuple[int, int, int]] | None = None
-        self.pic_next = 0
-        self.rope_ranges: list[tuple[int, int]] | None = None
-        self.rope_tokens = 0
+        self.rope_tokens = 0  # tokens reused at a new position by re-rotating their keys
         self.preemptions = 0
-        self.hashes: list[int] | None = None  # full-block hashes of prompt + reply
-        self.kinds = None  # kind code of each block, only for policies that read it
-        self.held_blocks = 0  # blocks allocated to this request (cached or not)
-        self.held_cached: list[int] = []  # positions of held blocks that are in the prefix cache
-        self.processed_blocks = 0  # leading full blocks already offered to the cache
-        self.hit_memo: tuple[int, int, int, int] | None = None  # (pool version, limit, hit, ev)
+        self.replica = 0  # the replica that serves (under P/D: decodes) it
+        # prefill/decode disaggregation: the stage this request is in on its current replica
+        # (None: aggregated; "prefill": compute the prompt and hand it on; "decode": pull the
+        # prompt's KV from the prefill replica), and the KV bytes it pulled
+        self.handoff: str | None = None
+        self.transfer_bytes = 0
+        self.table = BlockTable()
+
+    # read-only views of the block table (tests and reports read them)
+    @property
+    def hashes(self) -> list[int] | None:
+        return self.table.hashes
+
+    @property
+    def held_blocks(self) -> int:
+        return self.table.held_blocks
+
+    @property
+    def held_cached(self) -> list[int]:
+        return self.table.held_cached
 
     def reset_kv(self) -> None:
         """Forget every block (after release): the request will recompute from scratch."""
         self.recomputed_tokens += self.computed
         self.computed = 0
-        self.held_blocks = 0
-        self.held_cached = []
-        self.processed_blocks = 0
-        self.pic_next = 0
-        self.rope_ranges = None
+        self.table.reset()

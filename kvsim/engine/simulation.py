@@ -22,6 +22,7 @@ from kvsim.hardware.measured import make_cost_model
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.kvcache import BlockPool
 from kvsim.kvcache.hierarchy import Hierarchy
+from kvsim.kvcache.manager import KVCacheManager
 from kvsim.models import ModelSpec, kv_bytes_per_block, kv_bytes_per_token
 from kvsim.policies import make_policy, parse_policy_params
 from kvsim.traces import Trace
@@ -103,11 +104,13 @@ class _TraceRequests:
         self.seg_kinds = segments.kinds
 
     def load_chain(self, req: Request, with_kinds: bool, with_segments: bool = False) -> None:
-        """Set `req.hashes` (full blocks of prompt + reply) and, if asked, each block's kind."""
+        """Fill `req.table.hashes` (full blocks of prompt + reply) and, if asked, each block's
+        kind and the request's reusable segments."""
         i = req.index
+        table = req.table
         lo, hi = self.seg_offsets[i], self.seg_offsets[i + 1]
         out_hash, out_tokens = int(self.output_hash[i]), int(self.output_tokens[i])
-        req.hashes = sequence_block_hashes(
+        table.hashes = sequence_block_hashes(
             self.seg_hash[lo:hi], self.seg_tokens[lo:hi], out_hash, out_tokens, self.block_size
         ).tolist()
         if with_segments:
@@ -115,7 +118,7 @@ class _TraceRequests:
             ends = np.cumsum(tokens)
             starts = ends - tokens
             hashes = self.seg_hash[lo:hi]
-            req.pic_segments = [
+            table.pic_segments = [
                 (int(starts[j]), int(ends[j]), int(hashes[j]))
                 for j in np.flatnonzero(np.isin(kinds, _POSITION_INDEPENDENT))
             ] or None
@@ -124,7 +127,7 @@ class _TraceRequests:
             if out_hash:
                 kinds = np.append(kinds, np.uint8(KIND_CODES["assistant"]))
                 tokens = np.append(tokens, out_tokens)
-            req.kinds = block_kinds(kinds, tokens, self.block_size)
+            table.kinds = block_kinds(kinds, tokens, self.block_size)
 
     def next_turns(self) -> dict[int, int]:
         """Index of each closed-loop request keyed by the index of the turn it follows."""
@@ -194,21 +197,29 @@ def simulate(
     hierarchy = build_hierarchy(
         env, profile, config, block_bytes * config.tp, pool.refs.__contains__
     )
-    if hierarchy:
-        pool.on_evict = hierarchy.evicted_from_hbm
-        if hierarchy.write_through or not hierarchy.inclusive:
-            pool.on_register = hierarchy.computed_in_hbm
     future = None
     if policy.needs_future or any(t.policy.needs_future for t in hierarchy.tiers):
         future = FutureUses(source, config.block_size)
-        hierarchy.info.future = future
-    if pool.describes:
-        info = pool.info
-        info.kind_names = SEGMENT_KINDS
-        info.recompute_base_s, info.recompute_per_position_s = cost.block_recompute_s(
-            config.block_size
-        )
-        info.future = future if policy.needs_future else None
+    describes = pool.describes
+
+    def load_chain(req: Request) -> None:
+        source.load_chain(req, describes, config.rope_reuse)
+
+    kv = KVCacheManager(
+        pool,
+        hierarchy,
+        cost,
+        block_size=config.block_size,
+        chunk_tokens=config.max_num_batched_tokens,
+        prefix_caching=config.enable_prefix_caching,
+        rope_reuse=config.rope_reuse,
+        load_chain=load_chain,
+        # re-rotating a reused token's keys reads and writes them once (an elementwise pass)
+        rerotate_s_per_token=kv_bytes_per_token(model, config.kv_dtype, config.tp)
+        / (profile.gpu.hbm_bandwidth_bytes_per_s * profile.efficiency.memory),
+        kind_names=SEGMENT_KINDS,
+        future=future,
+    )
     follows = source.next_turns()
     requests = [
         Request(i, int(source.input_tokens[i]), int(source.output_tokens[i]))
@@ -242,16 +253,7 @@ def simulate(
                 lead = max(think - config.prefetch_lead_s, 0.0)
                 env.timeout(lead).callbacks.append(lambda _ev, r=requests[nxt]: replica.prefetch(r))
 
-    describes = pool.describes
-
-    def load_chain(req: Request) -> None:
-        source.load_chain(req, describes, config.rope_reuse)
-
-    replica = Replica(env, config, pool, cost, load_chain, on_finish, hierarchy)
-    # re-rotating a reused token's keys reads and writes them once (an elementwise pass)
-    replica.rerotate_s_per_token = kv_bytes_per_token(model, config.kv_dtype, config.tp) / (
-        profile.gpu.hbm_bandwidth_bytes_per_s * profile.efficiency.memory
-    )
+    replica = Replica(env, config, kv, cost, on_finish)
     timeline = Timeline(env, replica, hierarchy, config.timeline_interval_s)
 
     def arrivals():
@@ -280,7 +282,7 @@ def simulate(
         iterations=replica.iterations,
         coalesced_steps=replica.coalesced_steps,
         busy_s=replica.busy_s,
-        block_ops=replica.block_ops,
+        block_ops=kv.block_ops,
         evictions=pool.stats.evictions,
         cost_model=cost.kind,
         cost_model_reason=cost.reason,
@@ -288,7 +290,7 @@ def simulate(
         links=link_report(hierarchy),
         timeline=timeline.table(),
         hourly_cost_usd=hourly_cost_usd(profile, config),
-        prefetched_blocks=replica.prefetched_blocks,
+        prefetched_blocks=kv.prefetched_blocks,
     )
 
 

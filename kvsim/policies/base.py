@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+FutureFn = Callable[[int, float], float]  # (block key, now_s) -> when it is next used
+
 
 @dataclass(slots=True)
 class BlockInfo:
@@ -56,7 +58,7 @@ class BlockInfo:
     kind_names: Sequence[str] = ()  # code -> kind name
     recompute_base_s: float = 0.0  # recompute_s = base + per_position * position
     recompute_per_position_s: float = 0.0
-    future: Callable[[int, float], float] | None = None  # (key, now_s) -> next use time
+    future: FutureFn | None = None  # (key, now_s) -> next use time
 
     def at(self, key: int, position: int, parent: int) -> BlockInfo:
         """Fill the per-block fields for `key` at `position` of the current chain."""

@@ -1,0 +1,295 @@
+"""The KV-cache manager: the one object a replica's scheduler asks about blocks.
+
+It has the shape of vLLM v1's `KVCacheManager`: the scheduler asks what a waiting request would
+get (`lookup`, after `get_computed_blocks`), admits it (`admit`, after `allocate_slots`), grows a
+running request (`allocate_slots`), offers computed blocks to the prefix cache (`commit`) and
+releases everything when the request finishes or is preempted (`free`). Behind it are the HBM
+block pool, the tiers below HBM with their loads and prefetches, and position-independent
+(RoPE-aware) reuse of document and tool segments. A request's block state is its `BlockTable`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from kvsim.engine.request import Request
+from kvsim.hardware.measured import CostModel
+from kvsim.kvcache.block_pool import BlockPool
+from kvsim.kvcache.hierarchy import Hierarchy
+from kvsim.policies.base import FutureFn
+
+# (HBM hit blocks, how many of those are evictable, the tier of each block to load from below,
+# tokens to compute now, new blocks needed)
+AdmitPlan = tuple[int, int, list[int], int, int]
+
+
+class KVCacheManager:
+    """HBM pool + lower tiers + segment reuse of one replica, wired together once, here."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        hierarchy: Hierarchy,
+        cost: CostModel,
+        *,
+        block_size: int,
+        chunk_tokens: int,
+        prefix_caching: bool,
+        rope_reuse: bool,
+        load_chain: Callable[[Request], None],
+        rerotate_s_per_token: float,
+        kind_names: tuple[str, ...] = (),
+        future: FutureFn | None = None,
+    ) -> None:
+        self.pool = pool
+        self.hierarchy: Hierarchy | None = hierarchy if hierarchy else None
+        self.cost = cost
+        self.block_size = block_size
+        self.chunk_tokens = chunk_tokens
+        self.prefix_caching = prefix_caching
+        self.rope_reuse = rope_reuse
+        self.load_chain = load_chain
+        self.rerotate_s_per_token = rerotate_s_per_token
+        self.block_ops = 0
+        self.prefetched_blocks = 0
+        # position-independent reuse: segment hash -> block hashes holding its KV somewhere
+        self.segment_blocks: dict[int, list[int]] = {}
+        if hierarchy:
+            pool.on_evict = hierarchy.evicted_from_hbm
+            if hierarchy.write_through or not hierarchy.inclusive:
+                pool.on_register = hierarchy.computed_in_hbm
+        if future is not None:
+            hierarchy.info.future = future
+        if pool.describes:
+            info = pool.info
+            info.kind_names = kind_names
+            info.recompute_base_s, info.recompute_per_position_s = cost.block_recompute_s(
+                block_size
+            )
+            info.future = future if pool.policy.needs_future else None
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    # -- lookup (vLLM's get_computed_blocks) ------------------------------------------------
+    def prefix_hit(self, req: Request) -> tuple[int, int]:
+        """(cached leading blocks usable by `req`, how many of them are evictable now)."""
+        table = req.table
+        if table.hashes is None:
+            self.load_chain(req)
+        if not self.prefix_caching:
+            return 0, 0
+        assert table.hashes is not None
+        # at least one token must be computed to sample from, as in vLLM
+        limit = min((req.known - 1) // self.block_size, len(table.hashes))
+        memo = table.hit_memo
+        if memo is not None and memo[0] == self.pool.version and memo[1] == limit:
+            return memo[2], memo[3]  # a queued request re-checked before the cache changed
+        hit, evictable = self.pool.cached_prefix(table.hashes, limit)
+        table.hit_memo = (self.pool.version, limit, hit, evictable)
+        return hit, evictable
+
+    def lookup(self, req: Request, budget: int) -> AdmitPlan:
+        """How `req` would be admitted now, with `budget` tokens left in the iteration."""
+        hit, evictable = self.prefix_hit(req)
+        if self.hierarchy is not None and self.prefix_caching:
+            hashes = req.table.hashes
+            assert hashes is not None
+            limit = min((req.known - 1) // self.block_size, len(hashes))
+            load = self._worth_loading(req, hit, self.hierarchy.chain(hashes, hit, limit))
+            if load:
+                return hit, evictable, load, 0, len(load)
+        start = hit * self.block_size
+        n = min(req.known - start, budget)
+        return hit, evictable, [], n, self._blocks_for(start + n) - hit
+
+    def _worth_loading(self, req: Request, hit: int, found: list[int]) -> list[int]:
+        """The prefix of `found` (tiers of blocks hit, hit+1, ...) worth loading: the one that
+        minimises load time + the prefill left, against prefilling everything from `hit`.
+        Both come from the cost model, so a memory-bound iteration's floor (weights are read
+        whatever the chunk) is counted and deep blocks, whose recompute attends to more
+        context, weigh more. Loads are costed on the links as loaded now. Empty when
+        recomputing is never slower."""
+        if not found:
+            return found
+        bs = self.block_size
+        chunk = self.chunk_tokens
+        prefill = self.cost.prefill_time_s
+        load_s = self.hierarchy.load_estimate_s(found)  # type: ignore[union-attr]
+        best, best_s = 0, prefill(req.known - hit * bs, hit * bs, chunk)
+        n = len(found)
+        for count in sorted({n, *range(max(n // 8, 1), n, max(n // 8, 1))}):
+            done = (hit + count) * bs
+            total = load_s[count - 1] + prefill(req.known - done, done, chunk)
+            if total < best_s:
+                best, best_s = count, total
+        return found[:best]
+
+    # -- admission (vLLM's allocate_slots for a new request) --------------------------------
+    def admit(self, req: Request, plan: AdmitPlan, now_s: float, first: bool) -> simpy.Event | None:
+        """Pin the hit, allocate the rest, start loads from below; the event (if any) fires
+        when the loaded blocks are in HBM, and `loaded` must then be called."""
+        hit, _, load, _, need = plan
+        pool = self.pool
+        table = req.table
+        assert table.hashes is not None
+        done = None
+        if load:  # pin the blocks below before allocating, which may push others down
+            done = self._start_load(req, hit, load, first)
+        if pool.describes:
+            pool.describe(table.kinds, req.input_tokens)
+        pool.acquire(table.hashes, hit, now_s)
+        pool.allocate(need)
+        self.block_ops += hit + need
+        req.computed = hit * self.block_size
+        table.held_blocks = hit + need
+        table.held_cached = list(range(hit))
+        table.processed_blocks = hit
+        if not load and self.rope_reuse:
+            self._rope_plan(req, hit * self.block_size)
+        return done
+
+    def _start_load(self, req: Request, hit: int, tiers: list[int], first: bool) -> simpy.Event:
+        hierarchy = self.hierarchy
+        hashes = req.table.hashes
+        assert hashes is not None and hierarchy is not None
+        end = hit + len(tiers)
+        bs = self.block_size
+        tokens = [bs if first else 0] * len(tiers)
+        if first:
+            req.lower_tokens = [0] * len(hierarchy.tiers)
+            for t in tiers:
+                req.lower_tokens[t] += bs
+        return hierarchy.load(hashes[hit:end], tiers, tokens)
+
+    def loaded(self, req: Request, end: int, now_s: float) -> None:
+        """Blocks up to `end` arrived from below: cache them and count them computed."""
+        pool = self.pool
+        table = req.table
+        assert table.hashes is not None
+        if pool.reports_misses:
+            pool.describe(table.kinds, req.input_tokens)
+        table.held_cached += pool.register(table.hashes, table.processed_blocks, end, now_s)
+        self.block_ops += end - table.processed_blocks
+        table.processed_blocks = end
+        req.computed = end * self.block_size
+        if self.rope_reuse:
+            self._rope_plan(req, req.computed)
+
+    # -- growth, commit, release ------------------------------------------------------------
+    def allocate_slots(self, req: Request, need: int) -> bool:
+        """`need` more blocks for a running request; False if the pool cannot give them."""
+        if need <= 0:
+            return True
+        if not self.pool.allocate(need):
+            return False
+        req.table.held_blocks += need
+        self.block_ops += need
+        return True
+
+    def commit(self, req: Request, now_s: float) -> None:
+        """Offer the request's newly full blocks to the prefix cache."""
+        table = req.table
+        hashes = table.hashes
+        assert hashes is not None
+        full = min(req.computed // self.block_size, len(hashes))
+        if full <= table.processed_blocks:
+            return
+        pool = self.pool
+        if pool.reports_misses:
+            pool.describe(table.kinds, req.input_tokens)
+        table.held_cached += pool.register(hashes, table.processed_blocks, full, now_s)
+        self.block_ops += full - table.processed_blocks
+        table.processed_blocks = full
+        if table.pic_segments:
+            self._record_segments(req)
+
+    def free(self, req: Request, now_s: float) -> None:
+        """Release every block the request holds (its cached ones stay cached, deepest first)."""
+        table = req.table
+        assert table.hashes is not None
+        uncached = table.held_blocks - len(table.held_cached)
+        pool = self.pool
+        if pool.describes:
+            pool.describe(table.kinds, req.input_tokens)
+        pool.release(table.hashes, table.held_cached, uncached, now_s)
+        self.block_ops += table.held_blocks
+
+    # -- prefetch ---------------------------------------------------------------------------
+    def prefetch(self, req: Request, reserved_blocks: int, then: Callable[[], None]) -> None:
+        """Start bringing `req`'s blocks from lower tiers into HBM as evictable cached blocks,
+        ahead of its arrival (a session in think time or waiting on a tool), leaving
+        `reserved_blocks` of the available ones alone; `then` is called once they are cached."""
+        if self.hierarchy is None or not self.prefix_caching:
+            return
+        table = req.table
+        if table.hashes is None:
+            self.load_chain(req)
+        hashes = table.hashes
+        assert hashes is not None
+        hit, _ = self.prefix_hit(req)
+        limit = min((req.known - 1) // self.block_size, len(hashes))
+        tiers = self._worth_loading(req, hit, self.hierarchy.chain(hashes, hit, limit))
+        tiers = tiers[: max(self.pool.available - reserved_blocks, 0)]
+        if not tiers:
+            return
+        count = len(tiers)
+        end = hit + count
+        done = self.hierarchy.load(hashes[hit:end], tiers, [0] * count)  # pins them first
+        done.callbacks.append(lambda _ev: self._prefetched(hashes, hit, end, then))
+        self.pool.allocate(count)
+
+    def _prefetched(
+        self, hashes: list[int], start: int, end: int, then: Callable[[], None]
+    ) -> None:
+        now = self.hierarchy.env.now  # type: ignore[union-attr]
+        count = end - start
+        self.prefetched_blocks += count
+        fresh = self.pool.register(hashes, start, end, now)
+        self.pool.release(hashes, fresh, count - len(fresh), now)
+        then()
+
+    # -- position-independent (RoPE-aware) reuse ---------------------------------------------
+    def _record_segments(self, req: Request) -> None:
+        """Remember where the KV of each reusable segment (document, tool output) now is: the
+        request's full blocks inside it, once computed."""
+        table = req.table
+        assert table.hashes is not None and table.pic_segments is not None
+        bs = self.block_size
+        while table.pic_next < len(table.pic_segments):
+            start, end, key = table.pic_segments[table.pic_next]
+            if end > req.computed:
+                return
+            first, last = -(-start // bs), min(end // bs, len(table.hashes))
+            if last > first:
+                self.segment_blocks[key] = table.hashes[first:last]
+            table.pic_next += 1
+
+    def _rope_plan(self, req: Request, start: int) -> None:
+        """Which tokens after `start` `req` can take from a cached copy of the same segment at
+        another position, by re-rotating its keys (RoPE is a rotation by position, so moving KV
+        to a new position is one elementwise pass; cross-segment attention is not redone, the
+        approximation CacheBlend and EPIC measure)."""
+        table = req.table
+        table.rope_ranges = None
+        if not table.pic_segments:
+            return
+        refs = self.pool.refs
+        ranges = []
+        for seg_start, seg_end, key in table.pic_segments:
+            if seg_start < start:
+                continue
+            blocks = self.segment_blocks.get(key)
+            if blocks and all(k in refs for k in blocks):
+                ranges.append((seg_start, min(seg_start + len(blocks) * self.block_size, seg_end)))
+        table.rope_ranges = ranges or None
+
+    def rope_reused(self, req: Request, lo: int, hi: int) -> int:
+        """Tokens in [lo, hi) that `req` re-rotates instead of computing (counted on it)."""
+        total = 0
+        for start, end in req.table.rope_ranges or ():
+            total += max(0, min(end, hi) - max(start, lo))
+        req.rope_tokens += total
+        return total
