@@ -1,5 +1,10 @@
-"""Parse human sizes ("80GiB", "1.5TB") and rates ("3.35TB/s") into plain numbers."""
+"""Parse human sizes ("80GiB", "1.5TB") and rates ("3.35TB/s") into plain numbers.
 
+Every parser refuses NaN, infinity and negative values with a one-line ConfigError, so a bad
+number in a profile or on the command line never reaches the simulator.
+"""
+
+import math
 import re
 
 from kvsim.errors import ConfigError
@@ -21,17 +26,32 @@ _UNITS = {
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
-def parse_size(value: str | int | float, field: str = "size") -> int:
-    """Bytes from an int or a string with a decimal (GB) or binary (GiB) unit."""
+def parse_size(
+    value: str | int | float, field: str = "size", *, unit_required: bool = False
+) -> int:
+    """Bytes from an int or a string with a decimal (GB) or binary (GiB) unit.
+
+    With ``unit_required`` a string must name its unit ("1000GB", or "1000B" for bytes): a bare
+    "1000" is refused, because a user who types it almost always means more than 1000 bytes.
+    """
     if isinstance(value, bool):
         raise ConfigError(f"{field}: expected a size such as '80GiB', got {value!r}")
     if isinstance(value, int | float):
+        if isinstance(value, int) and abs(value) > 2**63:
+            raise ConfigError(f"{field}: expected a finite size, got {value!r}")
         number, unit = float(value), ""
     else:
         match = _PATTERN.match(str(value))
         if not match or match.group(2).lower() not in _UNITS:
             raise ConfigError(f"{field}: expected a size such as '80GiB' or '1.5TB', got {value!r}")
         number, unit = float(match.group(1)), match.group(2).lower()
+        if unit_required and not unit:
+            raise ConfigError(
+                f"{field}: {value!r} has no unit; write one, e.g. '{match.group(1)}GB' or "
+                f"'{match.group(1)}GiB' ('{match.group(1)}B' for bytes)"
+            )
+    if not math.isfinite(number * _UNITS[unit]):
+        raise ConfigError(f"{field}: expected a finite size, got {value!r}")
     if number < 0:
         raise ConfigError(f"{field}: size must not be negative, got {value!r}")
     return round(number * _UNITS[unit])
@@ -39,8 +59,12 @@ def parse_size(value: str | int | float, field: str = "size") -> int:
 
 def parse_rate(value: str | int | float, field: str = "bandwidth") -> float:
     """Bytes per second from a number or a string such as '3.35TB/s' or '25GiB/s'."""
-    text = value if isinstance(value, int | float) else str(value).strip().removesuffix("/s")
-    return float(parse_size(text, field)) if not isinstance(text, float) else text
+    if isinstance(value, float):
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{field}: expected a finite, non-negative rate, got {value!r}")
+        return value
+    text = value if isinstance(value, int) else str(value).strip().removesuffix("/s")
+    return float(parse_size(text, field))
 
 
 def format_bytes(n: float) -> str:

@@ -3,6 +3,7 @@
 Lives here rather than in kvsim.units because only hardware profiles carry latencies so far.
 """
 
+import math
 import re
 
 from kvsim.errors import ConfigError
@@ -16,6 +17,8 @@ def parse_duration(value: str | int | float, field: str = "duration") -> float:
     if isinstance(value, bool):
         raise ConfigError(f"{field}: expected a duration such as '3us', got {value!r}")
     if isinstance(value, int | float):
+        if isinstance(value, int) and abs(value) > 2**63:
+            raise ConfigError(f"{field}: expected a finite duration, got {value!r}")
         seconds = float(value)
     else:
         match = _PATTERN.match(str(value))
@@ -24,6 +27,8 @@ def parse_duration(value: str | int | float, field: str = "duration") -> float:
                 f"{field}: expected a duration such as '3us' or '0.1ms', got {value!r}"
             )
         seconds = float(match.group(1)) * _SECONDS_PER_UNIT[match.group(2)]
+    if not math.isfinite(seconds):
+        raise ConfigError(f"{field}: expected a finite duration, got {value!r}")
     if seconds < 0:
         raise ConfigError(f"{field}: a duration must not be negative, got {value!r}")
     return seconds

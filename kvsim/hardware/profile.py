@@ -106,12 +106,15 @@ class HardwareProfile:
 def with_overrides(
     profile: HardwareProfile,
     tiers: list[str] | None = None,
-    capacities: dict[str, str] | None = None,
+    capacities: dict[str, str | int] | None = None,
 ) -> HardwareProfile:
     """A copy with exactly ``tiers`` enabled (hbm always is) and some capacities replaced.
 
     ``capacities`` maps tier names to sizes such as ``{"dram": "1TiB"}``; the sources record the
-    override so a resolved config still says where each number came from.
+    override so a resolved config still says where each number came from. A size given as text
+    must carry its unit: ``"1000"`` is refused (it would be 1000 bytes, too small to hold one
+    block, which silently disables the tier) with a hint to write ``"1000GB"``. An ``int`` from
+    Python code is unambiguous and is taken as bytes.
     """
     known = [t.name for t in profile.tiers]
     for name in [*(tiers or []), *(capacities or {})]:
@@ -125,7 +128,7 @@ def with_overrides(
             changes["enabled"] = tier.name == "hbm" or tier.name in tiers
         if capacities and tier.name in capacities:
             text = capacities[tier.name]
-            size = parse_size(text, f"capacity override {tier.name}={text}")
+            size = parse_size(text, f"capacity override {tier.name}={text}", unit_required=True)
             if size <= 0:
                 raise ConfigError(f"capacity override {tier.name}={text}: expected a positive size")
             changes["capacity_bytes"] = size

@@ -8,6 +8,7 @@ version, date) instead of per-number sources; ``kvsim.hardware.measured`` checks
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -17,6 +18,7 @@ from kvsim.errors import ConfigError
 from kvsim.hardware.durations import parse_duration
 from kvsim.hardware.measured import parse_measured
 from kvsim.hardware.profile import TIER_NAMES, Efficiency, GpuSpec, HardwareProfile, TierSpec
+from kvsim.textio import read_utf8
 from kvsim.units import parse_rate, parse_size
 
 _TOP_FIELDS = {
@@ -98,10 +100,12 @@ class _Reader:
         return value
 
     def number(self, data: dict[str, Any], key: str, field: str, low: float = 0.0) -> float:
-        """A plain number >= ``low``."""
+        """A finite number >= ``low`` (TOML's ``nan`` and ``inf`` are refused)."""
         value = self.required(data, key, field)
         if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
             self.fail(field, f"expected a number >= {low:g}, got {value!r}")
+        if not math.isfinite(value):
+            self.fail(field, f"expected a finite number, got {value!r}")
         self.numeric_fields.append(field)
         return float(value)
 
@@ -168,11 +172,12 @@ class _Reader:
 
 
 def _read_toml(path: Path, reader: _Reader) -> dict[str, Any]:
+    """The parsed file; a missing, unreadable or non-UTF-8 file is one ConfigError line."""
+    if not path.exists() and not path.is_symlink():
+        raise ConfigError(f"{reader.file}: no such profile file")
+    text = read_utf8(path, reader.file, ConfigError)
     try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{reader.file}: no such profile file") from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:  # the message carries "(at line N, column M)"
         raise ConfigError(f"{reader.file}: invalid TOML: {exc}") from None
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from kvsim.errors import ConfigError, UnknownNameError
 from kvsim.models.spec import ATTENTION_KINDS, LayerGroup, MlpGroup, ModelSpec
+from kvsim.textio import read_utf8
 
 _TOP_FIELDS: dict[str, type] = {
     "name": str,
@@ -62,6 +63,15 @@ _REQUIRED_BY_KIND: dict[str, tuple[str, ...]] = {
     "none": (),
 }
 _MAMBA_FIELDS = ("mamba_expand", "mamba_d_state", "mamba_d_conv", "mamba_dt_rank")
+#: Counts and dimensions that are meaningless at 0: a model with no layers, heads or head width
+#: has no KV to size, and a 0 here used to pass and then divide by zero or size nothing.
+_POSITIVE = {
+    "hidden_size", "num_layers", "num_attention_heads", "vocab_size",
+    "layers", "num_heads", "num_kv_heads", "head_dim", "head_dim_k", "head_dim_v", "window",
+    "kv_sharing_factor", "q_lora_rank", "kv_lora_rank", "v_head_dim", "state_bytes_per_seq",
+    "state_dtype_bytes", "mamba_expand", "mamba_d_state", "mamba_d_conv", "mamba_dt_rank",
+    "mixer_params_per_layer", "intermediate_size", "shared_intermediate_size",
+}  # fmt: skip
 _MLP_FIELDS: dict[str, type] = {
     "layers": int,
     "intermediate_size": int,
@@ -91,9 +101,9 @@ def load_model(name_or_path: str) -> ModelSpec:
         return _load_catalog(name_or_path)
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"{path}: model file not found")
-        return parse_model(path.read_text(encoding="utf-8"), str(path))
+        return parse_model(read_utf8(path, str(path), ConfigError), str(path))
     raise UnknownNameError("model", name_or_path, model_names())
 
 
@@ -137,6 +147,8 @@ class _Parser:
                 raise self.fail(name, f"expected {expected.__name__}, got {value!r}")
             if expected is int and value < 0:
                 raise self.fail(name, f"must not be negative, got {value}")
+            if key in _POSITIVE and value < 1:
+                raise self.fail(name, f"must be ≥ 1, got {value}")
         for key in fields:
             if key in required and key not in table:
                 raise self.fail(f"{where}{key}", "missing")
@@ -193,10 +205,20 @@ class _Parser:
             head_dim = table.get("head_dim", hidden // table["num_heads"])
             values.setdefault("head_dim_k", head_dim)
             values.setdefault("head_dim_v", head_dim)
-        if table.get("kv_sharing_factor", 1) < 1:
-            raise self.fail(f"{where}kv_sharing_factor", "must be ≥ 1")
-        if kind == "sliding" and table["window"] < 1:
-            raise self.fail(f"{where}window", "must be ≥ 1")
+        if kind in ("full", "sliding"):
+            heads, kv_heads = table["num_heads"], table["num_kv_heads"]
+            if heads % kv_heads:
+                raise self.fail(
+                    f"{where}num_kv_heads",
+                    f"{kv_heads} does not divide num_heads {heads} (each KV head serves a whole "
+                    "group of query heads)",
+                )
+            if values["head_dim_k"] < 1 or values["head_dim_v"] < 1:
+                raise self.fail(
+                    f"{where}head_dim", f"hidden_size {hidden} / num_heads {heads} is 0; give one"
+                )
+        if kind == "mla" and table["qk_rope_head_dim"] + table["qk_nope_head_dim"] < 1:
+            raise self.fail(f"{where}qk_rope_head_dim", "qk_rope + qk_nope head dims must be ≥ 1")
         if kind == "linear":
             values.update(self.mamba(table, where, hidden))
         return LayerGroup(**values)
