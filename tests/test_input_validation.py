@@ -13,7 +13,14 @@ import pytest
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.hardware import load_profile, profiles_dir, validate_profile, with_overrides
 from kvsim.hardware.durations import parse_duration
-from kvsim.models import load_model
+from kvsim.models import (
+    check_tp,
+    kv_bytes_per_block,
+    kv_bytes_per_token,
+    load_model,
+    model_names,
+    tp_degrees,
+)
 from kvsim.units import parse_rate, parse_size
 
 H100_TEXT = (profiles_dir() / "h100-sxm.toml").read_text()
@@ -236,6 +243,42 @@ def test_model_permission_denied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ConfigError) as info:
         load_model(str(path))
     one_line(info, "m.toml", "Permission denied")
+
+
+# --- item 7: a TP degree vLLM refuses -------------------------------------------------------
+
+
+def test_tp_that_does_not_divide_heads_is_refused() -> None:
+    spec = load_model("llama-3.1-8b")
+    with pytest.raises(ConfigError) as info:
+        kv_bytes_per_token(spec, tp=3)  # the issue: reported 96 KiB per replica, truth 128 KiB
+    one_line(info, "llama-3.1-8b", "tp=3", "valid tp: 1, 2, 4, 8, 16, 32")
+    with pytest.raises(ConfigError):
+        kv_bytes_per_block(spec, 16, tp=6)
+
+
+def test_tp_rule_matches_vllm() -> None:
+    """Query heads divide by tp; KV heads divide by tp, or tp is a multiple of them."""
+    qwen = load_model("qwen2.5-0.5b")  # 14 query heads, 2 KV heads
+    assert tp_degrees(qwen) == [1, 2, 14]  # 7 divides 14 but is no multiple of 2 KV heads
+    with pytest.raises(ConfigError, match="not a multiple of layer group 0 num_kv_heads"):
+        check_tp(qwen, 7)
+    llama = load_model("llama-3.1-8b")  # 32 heads, 8 KV heads: tp 16 replicates each KV head
+    assert kv_bytes_per_token(llama, tp=16) * 16 == 2 * kv_bytes_per_token(llama, tp=8) * 8
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_every_accepted_tp_sizes_exactly(name: str) -> None:
+    """Per replica, KV heads are counted whole: sharding never loses or invents bytes."""
+    spec = load_model(name)
+    base = kv_bytes_per_token(spec, tp=1)
+    for tp in tp_degrees(spec):
+        per_replica = kv_bytes_per_token(spec, tp=tp) * tp
+        assert per_replica >= base - tp  # rounding only
+        if not spec.is_mla and tp <= min(
+            g.num_kv_heads for g in spec.layer_groups if g.kind in ("full", "sliding")
+        ):
+            assert per_replica == pytest.approx(base, abs=tp)
 
 
 # --- item 8: tier capacity override without a unit ------------------------------------------

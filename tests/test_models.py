@@ -20,6 +20,7 @@ from kvsim.models import (
     mla_overprovisioning,
     model_names,
     sequence_kv_bytes,
+    tp_degrees,
     weight_bytes,
 )
 
@@ -287,16 +288,16 @@ def test_sequence_bytes_monotone_in_context(name: str, a: int, b: int, block: in
 @settings(max_examples=60, deadline=None)
 @given(
     name=st.sampled_from(model_names()),
-    tp_a=st.integers(1, 64),
-    tp_b=st.integers(1, 64),
+    data=st.data(),
     context=st.integers(0, 100_000),
     dtype=st.sampled_from(["bf16", "fp8", "int8", "int4"]),
 )
 def test_more_tp_never_increases_per_rank_bytes(
-    name: str, tp_a: int, tp_b: int, context: int, dtype: str
+    name: str, data: st.DataObject, context: int, dtype: str
 ) -> None:
     spec = load_model(name)
-    lo, hi = sorted((tp_a, tp_b))
+    degrees = st.sampled_from(tp_degrees(spec))  # the degrees vLLM accepts for this model
+    lo, hi = sorted((data.draw(degrees), data.draw(degrees)))
     assert kv_bytes_per_token(spec, dtype, hi) <= kv_bytes_per_token(spec, dtype, lo)
     assert sequence_kv_bytes(spec, context, dtype, hi) <= sequence_kv_bytes(
         spec, context, dtype, lo

@@ -6,6 +6,7 @@ from kvsim.models.params import ParamCount, count_params
 from kvsim.models.sizing import (
     AttentionCost,
     attention_costs,
+    check_tp,
     kv_bytes_per_block,
     kv_bytes_per_token,
     kv_heads_per_rank,
@@ -13,6 +14,7 @@ from kvsim.models.sizing import (
     mha_equivalent_bytes_per_token,
     mla_overprovisioning,
     sequence_kv_bytes,
+    tp_degrees,
     weight_bytes,
 )
 from kvsim.models.spec import LayerGroup, MlpGroup, ModelSpec
@@ -27,6 +29,7 @@ __all__ = [
     "ModelSpec",
     "ParamCount",
     "attention_costs",
+    "check_tp",
     "count_params",
     "kv_bytes_per_block",
     "kv_bytes_per_token",
@@ -38,5 +41,6 @@ __all__ = [
     "model_names",
     "parse_model",
     "sequence_kv_bytes",
+    "tp_degrees",
     "weight_bytes",
 ]

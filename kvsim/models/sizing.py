@@ -7,6 +7,7 @@ as summarised in shared/reference/algorithms.md, "KV sizing formulas":
 - full / sliding attention: ``block_size × kv_heads_per_rank × (head_dim_k + head_dim_v) × dtype``
   per layer, with ``kv_heads_per_rank = max(1, kv_heads // tp)`` (heads replicated when ``tp``
   exceeds them), plus per-token-head scales for quantised dtypes (see ``kvsim.models.dtypes``);
+  ``tp`` must split the heads evenly, as vLLM requires (``check_tp``), so this is exact;
 - MLA: ``kv_lora_rank + qk_rope_head_dim`` elements per token per layer, replicated (not
   sharded) on every rank;
 - sliding window: at most ``cdiv(min(W − 1 + max_num_batched_tokens, context), block_size) + 1``
@@ -28,6 +29,7 @@ from kvsim.models.spec import LayerGroup, ModelSpec
 __all__ = [
     "AttentionCost",
     "attention_costs",
+    "check_tp",
     "kv_bytes_per_block",
     "kv_bytes_per_token",
     "kv_heads_per_rank",
@@ -35,6 +37,7 @@ __all__ = [
     "mha_equivalent_bytes_per_token",
     "mla_overprovisioning",
     "sequence_kv_bytes",
+    "tp_degrees",
     "weight_bytes",
 ]
 
@@ -60,9 +63,52 @@ class AttentionCost:
     state_bytes_per_seq: float
 
 
-def _check_tp(tp: int) -> None:
+def _tp_problem(spec: ModelSpec, tp: int) -> str | None:
+    """Why vLLM would refuse ``tp`` for ``spec``, or None.
+
+    vLLM shards attention heads evenly: the query heads must divide by ``tp``; KV heads must
+    divide by ``tp`` when there are at least ``tp`` of them, and otherwise ``tp`` must be a
+    multiple of them (each KV head then lives whole on ``tp / kv_heads`` ranks). Any other
+    degree would leave ranks with fractional heads, which no kernel runs.
+    """
+    heads = [("num_attention_heads", spec.num_attention_heads)]
+    heads += [
+        (f"layer group {i} num_heads", g.num_heads)
+        for i, g in enumerate(spec.layer_groups)
+        if g.kind in ("full", "sliding", "mla")
+    ]
+    for what, count in heads:
+        if count % tp:
+            return f"{what} ({count}) is not divisible by tp {tp}"
+    for i, g in enumerate(spec.layer_groups):
+        if g.kind not in ("full", "sliding"):
+            continue
+        kv = g.num_kv_heads
+        if kv < 1:
+            return f"layer group {i} has no KV heads"
+        if kv >= tp and kv % tp:
+            return f"layer group {i} num_kv_heads ({kv}) is not divisible by tp {tp}"
+        if kv < tp and tp % kv:
+            return f"tp {tp} is not a multiple of layer group {i} num_kv_heads ({kv})"
+    return None
+
+
+def tp_degrees(spec: ModelSpec) -> list[int]:
+    """Every tensor-parallel degree vLLM accepts for ``spec`` (all divide the query heads)."""
+    return [tp for tp in range(1, spec.num_attention_heads + 1) if _tp_problem(spec, tp) is None]
+
+
+def check_tp(spec: ModelSpec, tp: int) -> None:
+    """ConfigError naming the model and ``tp`` unless ``tp`` splits the heads as vLLM requires."""
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         raise ConfigError(f"tp: tensor-parallel degree must be an integer ≥ 1, got {tp!r}")
+    problem = _tp_problem(spec, tp)
+    if problem:
+        valid = ", ".join(map(str, tp_degrees(spec)))
+        raise ConfigError(
+            f"{spec.name}: tp={tp} does not split the attention heads evenly ({problem}), so "
+            f"vLLM refuses it; valid tp: {valid}"
+        )
 
 
 def _check_block_size(block_size: int) -> None:
@@ -113,7 +159,7 @@ def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str | KvDtype = "bf16", tp: in
     Sliding layers count in full: this is the per-token page cost before the window cap.
     Llama-3.1-70B bf16: 80 × 8 × (128 + 128) × 2 = 327,680; DeepSeek-V3: 61 × 576 × 2 = 70,272.
     """
-    _check_tp(tp)
+    check_tp(spec, tp)
     dtype = resolve_kv_dtype(kv_dtype)
     return math.ceil(sum(_group_bytes_per_token(g, dtype, tp) for g in spec.layer_groups))
 
@@ -122,7 +168,7 @@ def kv_bytes_per_block(
     spec: ModelSpec, block_size: int = 16, kv_dtype: str | KvDtype = "bf16", tp: int = 1
 ) -> int:
     """Bytes of one block (``block_size`` tokens) in every KV layer on one rank (vLLM page size)."""
-    _check_tp(tp)
+    check_tp(spec, tp)
     _check_block_size(block_size)
     dtype = resolve_kv_dtype(kv_dtype)
     per_token = sum(_group_bytes_per_token(g, dtype, tp) for g in spec.layer_groups)
@@ -164,7 +210,7 @@ def sequence_kv_bytes(
     ``max_num_batched_tokens`` is what the sequence may add in one step: 1 is steady-state
     decode; pass the engine's prefill chunk size for vLLM's worst case during chunked prefill.
     """
-    _check_tp(tp)
+    check_tp(spec, tp)
     _check_block_size(block_size)
     if context_tokens < 0:
         raise ConfigError(f"context_tokens: must be ≥ 0, got {context_tokens}")
@@ -186,7 +232,7 @@ def mha_equivalent_bytes_per_token(
     ``v_head_dim`` (DeepSeek-V3: 2 × 128 × 128 = 32,768 elements against 576), heads sharded
     over ``tp`` like MHA. Other groups keep their exact size.
     """
-    _check_tp(tp)
+    check_tp(spec, tp)
     dtype = resolve_kv_dtype(kv_dtype)
     if dtype.mla_latent_group is not None:  # the MHA stand-in has no latent to quantise that way
         dtype = KvDtype(dtype.name, dtype.element_bytes, dtype.scale_bytes)
@@ -211,7 +257,7 @@ def mla_overprovisioning(spec: ModelSpec, kv_dtype: str | KvDtype = "bf16") -> f
 
 def weight_bytes(spec: ModelSpec, weight_dtype: str = "bf16", tp: int = 1) -> int:
     """Weight bytes per rank: all parameters (embeddings too) split evenly over ``tp``."""
-    _check_tp(tp)
+    check_tp(spec, tp)
     return math.ceil(spec.num_params * weight_dtype_bytes(weight_dtype) / tp)
 
 
@@ -222,7 +268,7 @@ def linear_flops_per_token(spec: ModelSpec, tp: int = 1) -> float:
     Norms and routers are included (negligible). Attention over the context is separate
     (``attention_costs``).
     """
-    _check_tp(tp)
+    check_tp(spec, tp)
     lookup = 0 if spec.tie_word_embeddings else spec.embedding_params
     return 2.0 * (spec.active_params - lookup) / tp
 
@@ -231,7 +277,7 @@ def attention_costs(
     spec: ModelSpec, kv_dtype: str | KvDtype = "bf16", tp: int = 1
 ) -> list[AttentionCost]:
     """One ``AttentionCost`` per layer group that stores KV, keeps state or attends."""
-    _check_tp(tp)
+    check_tp(spec, tp)
     dtype = resolve_kv_dtype(kv_dtype)
     costs: list[AttentionCost] = []
     for group in spec.layer_groups:
