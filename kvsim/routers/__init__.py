@@ -1,0 +1,249 @@
+"""Routers by name: built-ins, the `kvsim.routers` entry points, and `module:Class`."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
+from importlib.metadata import entry_points
+from typing import Any
+
+from kvsim.errors import ConfigError, KvsimError, PluginError, UnknownNameError
+from kvsim.routers.base import (
+    ClusterView,
+    ParamError,
+    PrefixMatch,
+    ReplicaLoad,
+    Router,
+    RouteRequest,
+)
+from kvsim.routers.dynamo_kv import DynamoKv
+from kvsim.routers.least_loaded import LeastLoaded
+from kvsim.routers.llm_d import LlmD
+from kvsim.routers.min_ttft import MinTtft
+from kvsim.routers.power_of_two import PowerOfTwo
+from kvsim.routers.production_stack import ProductionStack
+from kvsim.routers.random_choice import RandomRouter
+from kvsim.routers.round_robin import RoundRobin
+from kvsim.routers.session import SessionRouter
+from kvsim.routers.sglang_cache_aware import SglangCacheAware
+
+__all__ = [
+    "ClusterView",
+    "GuardedRouter",
+    "PrefixMatch",
+    "ReplicaLoad",
+    "RouteRequest",
+    "Router",
+    "builtin_router_names",
+    "make_router",
+    "parse_router_params",
+    "register",
+    "resolve_router",
+    "router_names",
+]
+
+_BUILTINS: dict[str, type[Router]] = {}
+
+
+def register(cls: type[Router]) -> type[Router]:
+    """Add a built-in router class under its ``name``; a duplicate name is a bug."""
+    if not cls.name:
+        raise ValueError(f"{cls.__qualname__} has no name")
+    if cls.name in _BUILTINS:
+        raise ValueError(f"router {cls.name!r} registered twice")
+    _BUILTINS[cls.name] = cls
+    return cls
+
+
+for _cls in (
+    RoundRobin,
+    RandomRouter,
+    LeastLoaded,
+    PowerOfTwo,
+    SessionRouter,
+    DynamoKv,
+    LlmD,
+    SglangCacheAware,
+    ProductionStack,
+    MinTtft,
+):
+    register(_cls)
+
+
+def _plugins() -> dict[str, Callable[[], object]]:
+    return {ep.name: ep.load for ep in entry_points(group="kvsim.routers")}
+
+
+def builtin_router_names() -> list[str]:
+    """The routers that ship with kvsim."""
+    return sorted(_BUILTINS)
+
+
+def router_names() -> list[str]:
+    """Every name ``make_router`` accepts (built-ins and installed plugins)."""
+    return sorted(set(_BUILTINS) | set(_plugins()))
+
+
+def resolve_router(name: str) -> type[Router]:
+    """The router class for a registered name or a ``module:Class`` path."""
+    if name in _BUILTINS:
+        return _BUILTINS[name]
+    plugins = _plugins()
+    if name in plugins:
+        try:
+            cls = plugins[name]()
+        except Exception as exc:
+            raise PluginError(f"router {name!r}: cannot load its entry point: {exc}") from None
+    elif ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except Exception as exc:
+            raise KvsimError(
+                f"router {name!r}: cannot import {attr} from {module}: {exc}"
+            ) from None
+    else:
+        raise UnknownNameError("router", name, router_names())
+    if not (isinstance(cls, type) and issubclass(cls, Router)):
+        raise KvsimError(f"router {name!r} is not a kvsim.routers.Router subclass")
+    return cls
+
+
+def _coerce(name: str, field: str, default: Any, value: Any) -> Any:
+    """`value` as the type of the field's default, or a ConfigError naming both."""
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+        kind = "true or false"
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        kind = "an integer"
+    elif isinstance(default, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        value = float(value) if ok else value
+        kind = "a number"
+    elif isinstance(default, str):
+        ok = isinstance(value, str)
+        kind = "a string"
+    else:
+        return value
+    if not ok:
+        raise ConfigError(f"router {name!r}: parameter {field!r} must be {kind}, got {value!r}")
+    return value
+
+
+def _build_params(cls: type[Router], name: str, params: Mapping[str, Any]) -> Any:
+    if cls.Params is None:
+        raise ConfigError(f"router {name!r} takes no parameters, got {', '.join(sorted(params))}")
+    defaults = {f.name: f.default for f in fields(cls.Params)}
+    unknown = sorted(set(params) - set(defaults))
+    if unknown:
+        raise ConfigError(
+            f"router {name!r}: unknown parameter {unknown[0]!r}; "
+            f"valid: {', '.join(sorted(defaults))}"
+        )
+    values = {k: _coerce(name, k, defaults[k], v) for k, v in params.items()}
+    try:
+        return cls.Params(**values)
+    except ParamError as exc:
+        raise ConfigError(f"router {name!r}: {exc}") from None
+
+
+def parse_router_params(items: str | Sequence[str]) -> dict[str, dict[str, Any]]:
+    """'dynamo-kv.overlap_score_weight=2,sglang-cache-aware.balance_abs_threshold=16' ->
+    parameters per router name.
+
+    Values are read as JSON where they parse (numbers, true/false, quoted strings), else kept as
+    text, so `--router-param production-stack.mode=kvaware` works as typed."""
+    if isinstance(items, str):
+        items = [p for p in items.split(",") if p.strip()]
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        router, dot, field = key.strip().rpartition(".")
+        if not sep or not dot or not router or not field:
+            raise ConfigError(f"router parameter {item!r}: expected ROUTER.NAME=VALUE")
+        try:
+            value: Any = json.loads(text)
+        except json.JSONDecodeError:
+            value = text.strip()
+        out.setdefault(router, {})[field] = value
+    return out
+
+
+def make_router(
+    name: str, params: Mapping[str, Any] | None = None, rng: random.Random | None = None
+) -> Router:
+    """A fresh router for one run; ``params`` fill the router's ``Params`` dataclass and ``rng``
+    is the run's seeded generator (a fixed-seed one when omitted).
+
+    Routers that are not built in run behind a guard that reports their exceptions as
+    ``PluginError`` naming the router and method; built-ins run bare, so they pay nothing.
+    """
+    cls = resolve_router(name)
+    builtin = _BUILTINS.get(name) is cls
+    rng = rng if rng is not None else random.Random(0)
+    try:
+        router = cls(_build_params(cls, name, params) if params else None, rng)
+    except KvsimError:
+        raise
+    except Exception as exc:
+        if builtin:
+            raise
+        raise PluginError(f"router {name!r}: method '__init__' raised {_describe(exc)}") from exc
+    return router if builtin else GuardedRouter(name, router)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class GuardedRouter(Router):
+    """Delegates to a third-party router, turning its exceptions, and a choice outside the
+    candidates, into ``PluginError`` naming the router and method."""
+
+    def __init__(self, label: str, inner: Router) -> None:
+        self.label = label
+        self.inner = inner
+        self.name = getattr(inner, "name", "") or label  # type: ignore[misc]
+        self.params = inner.params
+        self.rng = inner.rng
+        self.pd_threshold_tokens = inner.pd_threshold_tokens
+
+    def _fail(self, method: str, why: str) -> PluginError:
+        return PluginError(f"router {self.label!r}: method {method!r} {why}")
+
+    def _checked(self, method: str, replica: Any, candidates: Sequence[int]) -> int:
+        if replica not in candidates:
+            raise self._fail(method, f"returned {replica!r}, not one of the candidates")
+        return replica
+
+    def choose(self, request: RouteRequest, view: ClusterView, candidates: Sequence[int]) -> int:
+        try:
+            replica = self.inner.choose(request, view, candidates)
+        except KvsimError:
+            raise
+        except Exception as exc:
+            raise self._fail("choose", f"raised {_describe(exc)}") from exc
+        return self._checked("choose", replica, candidates)
+
+    def choose_prefill(
+        self, request: RouteRequest, view: ClusterView, candidates: Sequence[int]
+    ) -> int:
+        try:
+            replica = self.inner.choose_prefill(request, view, candidates)
+        except KvsimError:
+            raise
+        except Exception as exc:
+            raise self._fail("choose_prefill", f"raised {_describe(exc)}") from exc
+        return self._checked("choose_prefill", replica, candidates)
+
+    def finished(self, request: RouteRequest, replica: int) -> None:
+        try:
+            self.inner.finished(request, replica)
+        except KvsimError:
+            raise
+        except Exception as exc:
+            raise self._fail("finished", f"raised {_describe(exc)}") from exc
