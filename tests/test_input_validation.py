@@ -3,14 +3,13 @@ row or field, never a traceback; each test is the issue's example plus its class
 
 from __future__ import annotations
 
-import builtins
 import math
-import pathlib
 from pathlib import Path
 
 import pytest
+from inputs import deny_reading, one_line
 
-from kvsim.errors import ConfigError, KvsimError
+from kvsim.errors import ConfigError
 from kvsim.hardware import load_profile, profiles_dir, validate_profile, with_overrides
 from kvsim.hardware.durations import parse_duration
 from kvsim.models import (
@@ -29,15 +28,6 @@ H100_TEXT = (profiles_dir() / "h100-sxm.toml").read_text()
 @pytest.fixture(autouse=True)
 def _shipped_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KVSIM_PROFILES", raising=False)
-
-
-def one_line(exc: pytest.ExceptionInfo[KvsimError], *fragments: str) -> str:
-    """The error's message, checked to be one line holding every fragment."""
-    message = str(exc.value)
-    assert "\n" not in message, message
-    for fragment in fragments:
-        assert fragment in message, (fragment, message)
-    return message
 
 
 # --- item 2: NaN, inf, zero and negative physical quantities in profiles and models ------------
@@ -188,39 +178,10 @@ def test_model_not_utf8(tmp_path: Path) -> None:
     one_line(info, "m.toml:3", "not UTF-8")
 
 
-def _deny(monkeypatch: pytest.MonkeyPatch, victim: Path) -> None:
-    """Make reading ``victim`` raise PermissionError (chmod does not stop root, so patch)."""
-    real_read_bytes = pathlib.Path.read_bytes
-    real_open = pathlib.Path.open
-    real_builtin_open = builtins.open
-
-    def denied() -> PermissionError:
-        return PermissionError(13, "Permission denied", str(victim))
-
-    def read_bytes(self: Path) -> bytes:
-        if self.resolve() == victim.resolve():
-            raise denied()
-        return real_read_bytes(self)
-
-    def path_open(self: Path, *args, **kwargs):
-        if self.resolve() == victim.resolve():
-            raise denied()
-        return real_open(self, *args, **kwargs)
-
-    def builtin_open(file, *args, **kwargs):
-        if isinstance(file, str | Path) and Path(file).resolve() == victim.resolve():
-            raise denied()
-        return real_builtin_open(file, *args, **kwargs)
-
-    monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
-    monkeypatch.setattr(pathlib.Path, "open", path_open)
-    monkeypatch.setattr(builtins, "open", builtin_open)
-
-
 def test_profile_permission_denied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "p.toml"
     path.write_text(H100_TEXT)
-    _deny(monkeypatch, path)
+    deny_reading(monkeypatch, path)
     with pytest.raises(ConfigError) as info:
         load_profile(path)
     one_line(info, "p.toml", "Permission denied")
@@ -239,7 +200,7 @@ def test_profile_and_model_directory_in_place_of_file(tmp_path: Path) -> None:
 
 def test_model_permission_denied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = Path(_model(tmp_path, "vocab_size = 1000", "vocab_size = 1000"))
-    _deny(monkeypatch, path)
+    deny_reading(monkeypatch, path)
     with pytest.raises(ConfigError) as info:
         load_model(str(path))
     one_line(info, "m.toml", "Permission denied")

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from kvsim.errors import KvsimError, TraceError
+from kvsim.textio import read_utf8
 
 __all__ = [
     "ARRIVAL_MODELS",
@@ -107,41 +108,37 @@ class ServeGenWindow:
 def read_servegen_windows(path: Path, shown: str | None = None) -> list[ServeGenWindow]:
     """Read a ServeGen `chunk-N-trace.csv` (no header; one row per 600 s window)."""
     shown = shown or str(path)
-    try:
-        handle = path.open(newline="")
-    except OSError as exc:
-        raise TraceError(f"{shown}: cannot open: {exc.strerror}") from None
+    content = read_utf8(Path(path), shown, TraceError)  # a few thousand rows: read at once
     windows = []
-    with handle:
-        for line_no, row in enumerate(csv.reader(handle), start=1):
-            if not row:
-                continue
-            if len(row) != 6:
-                raise TraceError(f"{shown}:{line_no}: expected 6 fields, got {len(row)}")
-            start, rate, cv, family, shape, scale = row
-            names = ("window_start_s", "rate", "cv", "shape", "scale")
-            values = []
-            for field, text in zip(names, (start, rate, cv, shape, scale), strict=True):
-                try:
-                    value = float(text) if text else 0.0
-                except ValueError:
-                    raise TraceError(
-                        f"{shown}:{line_no}: field {field!r}: expected a number, got {text!r}"
-                    ) from None
-                if not (math.isfinite(value) and value >= 0):
-                    raise TraceError(
-                        f"{shown}:{line_no}: field {field!r}: expected finite >= 0, got {text!r}"
-                    )
-                values.append(value)
-            if family not in ("Gamma", "Weibull", ""):
+    for line_no, row in enumerate(csv.reader(content.splitlines()), start=1):
+        if not row:
+            continue
+        if len(row) != 6:
+            raise TraceError(f"{shown}:{line_no}: expected 6 fields, got {len(row)}")
+        start, rate, cv, family, shape, scale = row
+        names = ("window_start_s", "rate", "cv", "shape", "scale")
+        values = []
+        for field, text in zip(names, (start, rate, cv, shape, scale), strict=True):
+            try:
+                value = float(text) if text else 0.0
+            except ValueError:
                 raise TraceError(
-                    f"{shown}:{line_no}: field 'family': expected Gamma, Weibull or empty, "
-                    f"got {family!r}"
+                    f"{shown}:{line_no}: field {field!r}: expected a number, got {text!r}"
+                ) from None
+            if not (math.isfinite(value) and value >= 0):
+                raise TraceError(
+                    f"{shown}:{line_no}: field {field!r}: expected finite >= 0, got {text!r}"
                 )
-            if family and (values[1] <= 0 or values[3] <= 0):
-                family = ""  # a fitted family without a rate or shape carries no arrivals
-            windows.append(ServeGenWindow(values[0], values[1], values[2], family, values[3],
-                                          values[4]))  # fmt: skip
+            values.append(value)
+        if family not in ("Gamma", "Weibull", ""):
+            raise TraceError(
+                f"{shown}:{line_no}: field 'family': expected Gamma, Weibull or empty, "
+                f"got {family!r}"
+            )
+        if family and (values[1] <= 0 or values[3] <= 0):
+            family = ""  # a fitted family without a rate or shape carries no arrivals
+        windows.append(ServeGenWindow(values[0], values[1], values[2], family, values[3],
+                                      values[4]))  # fmt: skip
     if not any(w.family for w in windows):
         raise TraceError(f"{shown}: no active window (every window is idle)")
     return windows

@@ -16,9 +16,8 @@ import numpy as np
 from kvsim.errors import TraceError
 from kvsim.traces.common import Chunked, RowErrors
 from kvsim.traces.csvtrace import (
-    DATETIME_RE,
-    INT_RE,
-    check_pattern,
+    check_count,
+    check_datetimes,
     read_csv_strings,
     report,
     single_turn_requests,
@@ -45,24 +44,16 @@ def read_azure(
     errors = RowErrors(skip=skip_bad_rows)
     csv = read_csv_strings(path, shown, AZURE_COLUMNS)
     bad = np.zeros(len(csv), bool)
-    firsts = check_pattern(csv, "TIMESTAMP", DATETIME_RE, "a date-time", bad)
-    firsts += check_pattern(csv, "ContextTokens", INT_RE, "a non-negative integer", bad)
-    firsts += check_pattern(csv, "GeneratedTokens", INT_RE, "a positive integer", bad)
+    firsts = check_datetimes(csv, "TIMESTAMP", bad)
+    firsts += check_count(csv, "ContextTokens", 1, bad)
+    firsts += check_count(csv, "GeneratedTokens", 1, bad)
     good = report(csv, bad, firsts, errors)
+    if not good.any():
+        raise TraceError(f"{shown}: no requests: all {errors.count:,} rows were malformed")
     ctx = np.zeros(len(csv), np.int64)
     gen = np.zeros(len(csv), np.int64)
     ctx[good] = to_int(csv.columns["ContextTokens"].filter(good))
     gen[good] = to_int(csv.columns["GeneratedTokens"].filter(good))
-    zero = good & (gen < 1)
-    if zero.any():
-        row = int(np.flatnonzero(zero)[0])
-        errors.bad(
-            f"{shown}:{csv.lines[row]}: field 'GeneratedTokens': expected a positive integer, got 0"
-        )
-        errors.count += int(zero.sum()) - 1
-        good &= ~zero
-    if not good.any():
-        raise TraceError(f"{shown}: no requests")
     seconds = to_epoch_s(csv.columns["TIMESTAMP"].filter(good))
     arrival = seconds - seconds.min()
     n = arrival.size

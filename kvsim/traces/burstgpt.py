@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvsim.errors import TraceError
@@ -21,6 +22,8 @@ from kvsim.traces.common import Chunked, RowErrors
 from kvsim.traces.csvtrace import (
     INT_RE,
     NUMBER_RE,
+    CsvColumns,
+    check_count,
     check_pattern,
     read_csv_strings,
     report,
@@ -36,6 +39,22 @@ BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "
 _DOMAIN = 0x4275727374  # "Burst"
 
 
+def _check_finite(csv: CsvColumns, bad: np.ndarray) -> list[tuple[int, str]]:
+    """Timestamps that match the number pattern but overflow float64 (e.g. '1e999')."""
+    ok = ~bad
+    seconds = np.zeros(len(csv))
+    if ok.any():
+        seconds[ok] = to_float(csv.columns["Timestamp"].filter(pa.array(ok)))
+    inf = ok & ~np.isfinite(seconds)
+    if not inf.any():
+        return []
+    bad |= inf
+    row = int(np.flatnonzero(inf)[0])
+    value = csv.columns["Timestamp"][row].as_py()
+    return [(row, f"{csv.shown}:{csv.lines[row]}: field 'Timestamp': expected a finite number "
+                  f"of seconds, got {value!r}")]  # fmt: skip
+
+
 def read_burstgpt(
     path: str | Path, *, name: str | None = None, shown: str | None = None,
     skip_bad_rows: bool = False,
@@ -47,11 +66,13 @@ def read_burstgpt(
     csv = read_csv_strings(path, shown, BURSTGPT_COLUMNS)
     bad = np.zeros(len(csv), bool)
     firsts = check_pattern(csv, "Timestamp", NUMBER_RE, "a non-negative number of seconds", bad)
-    for field in ("Request tokens", "Response tokens", "Total tokens"):
-        firsts += check_pattern(csv, field, INT_RE, "a non-negative integer", bad)
+    firsts += check_count(csv, "Request tokens", 1, bad)
+    firsts += check_count(csv, "Response tokens", 0, bad)  # 0: a failed request, kept (above)
+    firsts += check_pattern(csv, "Total tokens", INT_RE, "a non-negative integer", bad)
+    firsts += _check_finite(csv, bad)
     good = report(csv, bad, firsts, errors)
     if not good.any():
-        raise TraceError(f"{shown}: no requests")
+        raise TraceError(f"{shown}: no requests: all {errors.count:,} rows were malformed")
     cols = {k: v.filter(good) for k, v in csv.columns.items()}
     ts = to_float(cols["Timestamp"])
     req_tok = to_int(cols["Request tokens"])

@@ -16,8 +16,9 @@ from a JSON array, and LMSYS Parquet in record batches, so neither has to fit in
 
 from __future__ import annotations
 
+import codecs
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from kvsim.traces.common import (
     RowErrors,
     chat_requests,
     closed_loop_times,
+    drop_oversized_sessions,
 )
 from kvsim.traces.schema import KIND_CODES
 from kvsim.traces.text import TokenCounter, content_hashes
@@ -72,10 +74,16 @@ class ChatTiming:
 
 
 def _timed_chunk(
-    msgs: ChatMessages, session_base: int, timing: ChatTiming
+    msgs: ChatMessages,
+    session_base: int,
+    timing: ChatTiming,
+    errors: RowErrors,
+    where: Callable[[int], str],
 ) -> tuple[Requests, float]:
+    """Requests of one batch of conversations, timed; `where(session)` names a conversation."""
     n_conv = msgs.offsets.size - 1
     req = chat_requests(msgs, np.arange(session_base, session_base + n_conv))
+    req = drop_oversized_sessions(req, errors, where)
     starts = timing.process.draw(n_conv)
     think = timing.rng.exponential(timing.think_mean_s, len(req))
     closed_loop_times(req, starts[req.session_id - session_base], think)
@@ -100,19 +108,31 @@ def iter_json_array(
 ) -> Iterator[tuple[int, object]]:
     """Yield (line, item) for each item of a top-level JSON array, reading a chunk at a time."""
     decoder = json.JSONDecoder()
+    utf8 = codecs.getincrementaldecoder("utf-8")()
     try:
-        handle = path.open("r", encoding="utf-8")
+        handle = path.open("rb")
     except OSError as exc:
-        raise TraceError(f"{shown}: cannot open: {exc.strerror}") from None
+        raise TraceError(f"{shown}: cannot open: {exc.strerror or exc}") from None
     with handle:
         buf, pos, line, eof, started = "", 0, 1, False, False
 
         def more() -> bool:
             nonlocal buf, pos, eof
-            data = handle.read(chunk_bytes)
+            try:
+                raw = handle.read(chunk_bytes)
+            except OSError as exc:
+                raise TraceError(f"{shown}: cannot read: {exc.strerror or exc}") from None
+            try:
+                data = utf8.decode(raw, final=not raw)
+            except UnicodeDecodeError as exc:
+                at = line + buf.count("\n", pos) + exc.object.count(b"\n", 0, exc.start)
+                raise TraceError(
+                    f"{shown}:{at}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); "
+                    "save the file as UTF-8"
+                ) from None
             buf, pos = buf[pos:] + data, 0
-            eof = not data
-            return bool(data)
+            eof = not raw
+            return bool(raw)
 
         while True:
             while True:  # skip whitespace and separators
@@ -161,10 +181,13 @@ def read_sharegpt_json(
     timing = timing or ChatTiming.default(0)
     errors = RowErrors(skip=skip_bad_rows)
 
+    seen = [0, 0]  # conversations read, and those with a reply after the first message
+
     def chunks() -> Iterator[tuple[Requests, float]]:
         roles: list[str] = []
         texts: list[str] = []
         offsets = [0]
+        lines: list[int] = []
         base = 0
         for line, item in iter_json_array(path, shown):
             where = f"{shown}:{line}"
@@ -191,22 +214,52 @@ def read_sharegpt_json(
                 roles.append(msg["from"])
                 texts.append(msg["value"])
             offsets.append(len(roles))
+            lines.append(line)
+            seen[0] += 1
+            seen[1] += any(SHAREGPT_ROLES[m["from"]] == "assistant" for m in conv[1:])
             if len(offsets) > batch:
-                yield _chunk_from_lists(roles, texts, offsets, base, counter, timing)
+                yield _chunk_from_lists(roles, texts, offsets, base, counter, timing, errors,
+                                        _locator(shown, lines, base))  # fmt: skip
                 base += len(offsets) - 1
-                roles, texts, offsets = [], [], [0]
+                roles, texts, offsets, lines = [], [], [0], []
         if len(offsets) > 1:
-            yield _chunk_from_lists(roles, texts, offsets, base, counter, timing)
+            yield _chunk_from_lists(roles, texts, offsets, base, counter, timing, errors,
+                                    _locator(shown, lines, base))  # fmt: skip
+
+    def explain() -> str:
+        return _why_empty(shown, "conversations", seen[0], seen[1], errors)
 
     description = (
         f"ShareGPT-format conversations from {path.name}: real turn structure and text lengths "
         f"(tokens: {counter.name}); session starts and think times "
         f"(mean {timing.think_mean_s:g} s) drawn"
     )
-    return Chunked(chunks(), name or path.stem, None, description, errors)
+    return Chunked(chunks(), name or path.stem, None, description, errors, explain)
 
 
-def _chunk_from_lists(roles, texts, offsets, base, counter, timing) -> tuple[Requests, float]:
+def _locator(shown: str, lines: list[int], base: int) -> Callable[[int], str]:
+    """Names conversation `session` of a batch by its file line (for row errors)."""
+    return lambda session: f"{shown}:{lines[session - base]}"
+
+
+def _why_empty(shown: str, what: str, read: int, replied: int, errors: RowErrors) -> str:
+    """Why a chat source gave no requests: kvsim replays replies, and there were none."""
+    skipped = f" ({errors.count:,} malformed skipped)" if errors.count else ""
+    if read == 0:
+        return f"{shown} holds no usable {what}{skipped}"
+    if replied == 0:
+        return (
+            f"none of the {read:,} {what} in {shown} has an assistant reply after its first "
+            f"message (first-turn prompts only?){skipped}; kvsim makes one request per reply, "
+            "prompted by the history before it; the built-in trace 'sharegpt' draws replies and "
+            "later turns for such prompts"
+        )
+    return f"every assistant reply in {shown} follows only empty messages{skipped}"
+
+
+def _chunk_from_lists(
+    roles, texts, offsets, base, counter, timing, errors, where
+) -> tuple[Requests, float]:
     role_arr = pa.array(roles, pa.string())
     kinds, _ = _kind_codes(role_arr, SHAREGPT_ROLES)
     text_arr = pa.array(texts, pa.string())
@@ -214,7 +267,7 @@ def _chunk_from_lists(roles, texts, offsets, base, counter, timing) -> tuple[Req
         np.asarray(offsets, np.int64), kinds, counter.count(text_arr),
         content_hashes(text_arr, kinds),
     )  # fmt: skip
-    return _timed_chunk(msgs, base, timing)
+    return _timed_chunk(msgs, base, timing, errors, where)
 
 
 # --- LMSYS-Chat-1M Parquet ------------------------------------------------------------------------
@@ -257,6 +310,8 @@ def read_lmsys(
             f"{shown}: field 'conversation': expected list<struct<content, role>>, got {ctype}"
         )
 
+    seen = [0, 0]  # conversations read, and those with a reply after the first message
+
     def chunks() -> Iterator[tuple[Requests, float]]:
         row0 = 0
         base = 0
@@ -292,15 +347,24 @@ def read_lmsys(
                 offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
                 kinds = kinds[keep_msg]
                 content = content.filter(pa.array(keep_msg))
+            counts = np.diff(offsets)
+            conv_of_msg = np.repeat(np.arange(n), counts)
+            later = np.arange(conv_of_msg.size) > offsets[:-1][conv_of_msg]
+            seen[0] += int((counts > 0).sum())
+            seen[1] += np.unique(conv_of_msg[later & (kinds == KIND_CODES["assistant"])]).size
             msgs = ChatMessages(offsets, kinds, counter.count(content),
                                 content_hashes(content, kinds))  # fmt: skip
-            yield _timed_chunk(msgs, base, timing)
+            yield _timed_chunk(msgs, base, timing, errors,
+                               lambda session: f"{shown}: row {session}")  # fmt: skip
             base += n
             row0 += n
+
+    def explain() -> str:
+        return _why_empty(shown, "conversations", seen[0], seen[1], errors)
 
     description = (
         f"LMSYS-Chat-1M-format conversations from {path.name}: real turn structure and text "
         f"lengths (tokens: {counter.name}); session starts and think times "
         f"(mean {timing.think_mean_s:g} s) drawn"
     )
-    return Chunked(chunks(), name or path.stem, None, description, errors)
+    return Chunked(chunks(), name or path.stem, None, description, errors, explain)

@@ -50,6 +50,7 @@ def stats(source, fmt, block_size, as_json, plot, tokenizer, skip_bad_rows) -> N
     if block_size is not None and block_size < 1:
         raise KvsimError(f"--block-size: expected a positive integer, got {block_size}")
     tr = _load(source, fmt, tokenizer, skip_bad_rows)
+    _warn(tr.warnings)
     figures = trace_stats(tr, block_size)
     if plot:
         _plot(tr, Path(plot))
@@ -74,6 +75,12 @@ def stats(source, fmt, block_size, as_json, plot, tokenizer, skip_bad_rows) -> N
     )
     if f["skipped_rows"]:
         click.echo(f"skipped {f['skipped_rows']} malformed rows")
+
+
+def _warn(warnings: tuple[str, ...]) -> None:
+    """Plausibility warnings on stderr: the command still succeeds."""
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
 
 
 def _plot(tr, out: Path) -> None:
@@ -108,7 +115,7 @@ def _plot(tr, out: Path) -> None:
 @click.option("--skip-bad-rows", is_flag=True, help="Count malformed rows instead of failing.")
 def convert(source, fmt, out, seed, tokenizer, skip_bad_rows) -> None:
     """Convert PATH (or a built-in NAME) to canonical Parquet, streaming."""
-    from kvsim.traces.convert import convert_to_parquet
+    from kvsim.traces.convert import convert_to_parquet, read_trace_warnings
     from kvsim.traces.registry import load_trace, open_source, trace_names
 
     if source in trace_names() and fmt is None:
@@ -121,6 +128,7 @@ def convert(source, fmt, out, seed, tokenizer, skip_bad_rows) -> None:
     if skipped:
         line += f"; skipped {skipped:,} malformed rows"
     click.echo(line)
+    _warn(read_trace_warnings(out))
 
 
 @trace.command()

@@ -7,8 +7,10 @@ in arrival order without holding the whole trace.
 
 from __future__ import annotations
 
+import gzip
 import json
-from collections.abc import Iterable, Iterator
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,18 +18,51 @@ import numpy as np
 import pyarrow as pa
 
 from kvsim.errors import TraceError
-from kvsim.traces.schema import KIND_CODES, make_trace_table
+from kvsim.textio import read_utf8
+from kvsim.traces.schema import KIND_CODES, MAX_REQUEST_TOKENS, make_trace_table
 
-__all__ = ["ChatMessages", "Chunked", "Requests", "RowErrors", "chat_requests", "closed_loop_times"]
+__all__ = [
+    "ChatMessages",
+    "Chunked",
+    "Requests",
+    "RowErrors",
+    "chat_requests",
+    "closed_loop_times",
+    "drop_oversized_sessions",
+    "iter_lines",
+    "read_json",
+]
+
+
+def iter_lines(path: Path, shown: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw bytes) of each line of a text file, gzip-compressed or not.
+
+    Opening or reading problems (permission, a directory, a corrupt or truncated gzip stream)
+    become a one-line TraceError naming the file and, when reading, the line reached.
+    """
+    try:
+        with path.open("rb") as probe:
+            magic = probe.read(2)
+        handle = gzip.open(path, "rb") if magic == b"\x1f\x8b" else path.open("rb")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        raise TraceError(f"{shown}: cannot open: {exc.strerror or exc}") from None
+    line_no = 0
+    with handle:
+        try:
+            for line_no, raw in enumerate(handle, start=1):
+                yield line_no, raw
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceError(f"{shown}:{line_no + 1}: cannot read: {exc}") from None
 
 
 def read_json(path: Path, shown: str) -> object:
-    """A whole JSON document, or a one-line TraceError naming the file."""
+    """A whole JSON document, or a one-line TraceError naming the file (and line if known)."""
+    text = read_utf8(path, shown, TraceError)
     try:
-        return json.loads(path.read_bytes())
-    except OSError as exc:
-        raise TraceError(f"{shown}: cannot open: {exc.strerror}") from None
-    except ValueError as exc:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{shown}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    except ValueError as exc:  # e.g. a number too long to convert
         raise TraceError(f"{shown}: not valid JSON: {exc}") from None
 
 
@@ -151,6 +186,15 @@ class Chunked:
     native_block_size: int | None
     description: str
     errors: RowErrors = field(default_factory=RowErrors)
+    #: Called after the chunks are spent when they held no request: says why, in one line.
+    explain_empty: Callable[[], str] | None = None
+
+    def no_requests(self) -> TraceError:
+        """The error for a source that yielded nothing, with the reason when the reader knows it."""
+        reason = self.explain_empty() if self.explain_empty else None
+        if reason is None and self.errors.count:
+            reason = f"all {self.errors.count:,} rows were malformed and skipped"
+        return TraceError(f"{self.name}: no requests" + (f": {reason}" if reason else ""))
 
 
 @dataclass
@@ -232,3 +276,26 @@ def closed_loop_times(
     first = np.maximum.accumulate(np.where(~later, np.arange(len(req)), 0))
     req.arrival_s = np.asarray(session_start, np.float64) + run - run[first]
     req.think_time_s = np.where(later, think_s, np.nan)
+
+
+def drop_oversized_sessions(
+    req: Requests, errors: RowErrors, where: Callable[[int], str]
+) -> Requests:
+    """`req` without the sessions holding a request over `MAX_REQUEST_TOKENS` prompt or reply.
+
+    For text sources, where a request's size is the whole history before it: the culprit is the
+    conversation (`where(session_id)` names its file and line), so it goes as a whole, counted
+    once. Raises through `errors` unless skipping.
+    """
+    over = (req.input_tokens > MAX_REQUEST_TOKENS) | (req.output_tokens > MAX_REQUEST_TOKENS)
+    if not over.any():
+        return req
+    sessions = np.unique(req.session_id[over])
+    for session in sessions:
+        row = int(np.flatnonzero(over & (req.session_id == session))[0])
+        errors.bad(
+            f"{where(int(session))}: a model call of {int(req.input_tokens[row]):,} prompt and "
+            f"{int(req.output_tokens[row]):,} reply tokens is implausible (at most "
+            f"{MAX_REQUEST_TOKENS:,} per request)"
+        )
+    return req.take(~np.isin(req.session_id, sessions))

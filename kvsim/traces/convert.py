@@ -12,16 +12,39 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from kvsim.errors import TraceError
+from kvsim.errors import KvsimError
 from kvsim.traces.common import Chunked, Requests
-from kvsim.traces.schema import META_SKIPPED, TRACE_SCHEMA, Trace, _metadata, write_trace
+from kvsim.traces.schema import (
+    META_SKIPPED,
+    TRACE_SCHEMA,
+    Trace,
+    _metadata,
+    trace_warnings,
+    write_trace,
+)
 
-__all__ = ["convert_to_parquet"]
+__all__ = ["convert_to_parquet", "read_trace_warnings"]
 
 
 def convert_to_parquet(source: Chunked | Trace, out: str | Path) -> tuple[int, int]:
-    """Write `source` as a canonical Parquet file; returns (requests written, rows skipped)."""
+    """Write `source` as a canonical Parquet file; returns (requests written, rows skipped).
+
+    An output path that cannot be written (a missing folder, no permission) is a one-line
+    KvsimError, checked before any source row is read.
+    """
     out = Path(out)
+    if not out.parent.is_dir():
+        raise KvsimError(f"{out}: folder {out.parent} does not exist; create it first")
+    if out.is_dir():
+        raise KvsimError(f"{out}: is a folder; give a file name such as trace.parquet")
+    try:
+        return _convert(source, out)
+    except OSError as exc:
+        Path(str(out) + ".partial").unlink(missing_ok=True)
+        raise KvsimError(f"{out}: cannot write: {exc.strerror or exc}") from None
+
+
+def _convert(source: Chunked | Trace, out: Path) -> tuple[int, int]:
     if isinstance(source, Trace):
         write_trace(source, out)
         return len(source), source.skipped_rows
@@ -54,7 +77,7 @@ def convert_to_parquet(source: Chunked | Trace, out: str | Path) -> tuple[int, i
         emit(pending)
     if written == 0:
         tmp.unlink(missing_ok=True)
-        raise TraceError(f"{source.name}: no requests")
+        raise source.no_requests()
     if source.errors.count:
         # The skipped count is known only at the end: rewrite the footer metadata.
         table = pq.read_table(tmp)
@@ -64,3 +87,12 @@ def convert_to_parquet(source: Chunked | Trace, out: str | Path) -> tuple[int, i
     else:
         tmp.replace(out)
     return written, source.errors.count
+
+
+def read_trace_warnings(path: str | Path) -> tuple[str, ...]:
+    """`Trace.warnings` of a written file, reading only its two time columns (streamed output
+    was never one table in memory)."""
+    path = Path(path)
+    table = pq.read_table(path, columns=["arrival_s", "think_time_s"])
+    name = (pq.read_schema(path).metadata or {}).get(b"kvsim.trace_name", b"").decode()
+    return trace_warnings(table, name or str(path))

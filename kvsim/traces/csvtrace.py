@@ -15,11 +15,12 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from kvsim.errors import TraceError
+from kvsim.textio import decode_utf8
 from kvsim.traces.blocks import mix
 from kvsim.traces.common import Requests, RowErrors
-from kvsim.traces.schema import KIND_CODES
+from kvsim.traces.schema import KIND_CODES, MAX_REQUEST_TOKENS
 
-__all__ = ["CsvColumns", "read_csv_strings", "single_turn_requests"]
+__all__ = ["CsvColumns", "check_count", "read_csv_strings", "single_turn_requests"]
 
 INT_RE = r"^\s*\d+\s*$"
 NUMBER_RE = r"^\s*\d+(\.\d*)?([eE][+-]?\d+)?\s*$"
@@ -47,9 +48,11 @@ def read_csv_strings(path: Path, shown: str, required: tuple[str, ...]) -> CsvCo
         return "skip"
 
     try:
-        head = path.open("rb").readline().decode("utf-8", "replace")
+        with path.open("rb") as handle:
+            first = handle.readline()
     except OSError as exc:
-        raise TraceError(f"{shown}: cannot open: {exc.strerror}") from None
+        raise TraceError(f"{shown}: cannot open: {exc.strerror or exc}") from None
+    head = decode_utf8(first, shown, TraceError)
     names = [h.strip() for h in head.rstrip("\r\n").split(",")]
     for name in required:
         if name not in names:
@@ -64,13 +67,24 @@ def read_csv_strings(path: Path, shown: str, required: tuple[str, ...]) -> CsvCo
             ),
         )
     except pa.ArrowInvalid as exc:
+        if "UTF8" in str(exc) or "utf8" in str(exc).lower():
+            _check_utf8(path, shown)
         raise TraceError(f"{shown}: cannot parse as CSV: {exc}") from None
+    except OSError as exc:
+        raise TraceError(f"{shown}: cannot read: {exc.strerror or exc}") from None
     if short:
         line = short[0] if short[0] > 0 else _first_bad_line(path, len(names))
         raise TraceError(f"{shown}:{line}: expected {len(names)} fields ({', '.join(names)})")
     lines = np.arange(table.num_rows, dtype=np.int64) + 2
     cols = {n: table.column(n).combine_chunks() for n in names}
     return CsvColumns(cols, lines, shown)
+
+
+def _check_utf8(path: Path, shown: str) -> None:
+    """TraceError naming the first line that is not UTF-8 (only run on the error path)."""
+    with path.open("rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            decode_utf8(raw, shown, TraceError, line_base=line_no)
 
 
 def _first_bad_line(path: Path, fields: int) -> int:
@@ -102,6 +116,39 @@ def check_pattern(
     return [(row, f"{csv.shown}:{csv.lines[row]}: field {field!r}: {what}")]
 
 
+def check_count(
+    csv: CsvColumns, field: str, low: int, bad: np.ndarray, what: str = "tokens"
+) -> list[tuple[int, str]]:
+    """Like `check_pattern` for a token count: an integer in [`low`, MAX_REQUEST_TOKENS].
+
+    A prompt of 0 tokens (`low` 1) or a count no real request has (a value over 10^8, or one
+    too long for int64) is refused with its line, instead of crashing later in the engine or in
+    a pyarrow int32 conversion.
+    """
+    firsts = check_pattern(csv, field, INT_RE, "a non-negative integer", bad)
+    col = pc.utf8_trim_whitespace(csv.columns[field])
+    ok = ~bad
+    digits = pc.utf8_length(col).to_numpy(zero_copy_only=False)
+    too_long = ok & (digits > 18)
+    values = np.zeros(len(csv), np.int64)
+    fits = ok & ~too_long
+    if fits.any():
+        values[fits] = to_int(csv.columns[field].filter(pa.array(fits)))
+    low_rows = fits & (values < low)
+    high_rows = too_long | (fits & (values > MAX_REQUEST_TOKENS))
+    for rows, expected in (
+        (low_rows, f"an integer >= {low}" + (" (a prompt needs a token)" if low == 1 else "")),
+        (high_rows, f"at most {MAX_REQUEST_TOKENS:,} {what} (implausible)"),
+    ):
+        if rows.any():
+            row = int(np.flatnonzero(rows)[0])
+            value = col[row].as_py()
+            firsts.append((row, f"{csv.shown}:{csv.lines[row]}: field {field!r}: expected "
+                                f"{expected}, got {value!r}"))  # fmt: skip
+            bad |= rows
+    return firsts
+
+
 def report(csv: CsvColumns, bad: np.ndarray, firsts: list[tuple[int, str]], errors: RowErrors):
     """Raise for the earliest bad row, or (skipping) count the bad rows and return the good mask."""
     if firsts:
@@ -119,6 +166,28 @@ def to_int(col: pa.Array) -> np.ndarray:
 
 def to_float(col: pa.Array) -> np.ndarray:
     return pc.cast(pc.utf8_trim_whitespace(col), pa.float64()).to_numpy(zero_copy_only=False)
+
+
+def check_datetimes(csv: CsvColumns, field: str, bad: np.ndarray) -> list[tuple[int, str]]:
+    """Like `check_pattern` for a date-time: it must also exist (no month 13, no 30 February)."""
+    firsts = check_pattern(csv, field, DATETIME_RE, "a date-time", bad)
+    ok = ~bad
+    try:
+        to_epoch_s(csv.columns[field].filter(pa.array(ok)))
+        return firsts
+    except pa.ArrowInvalid:
+        pass
+    col = csv.columns[field]
+    wrong = np.zeros(len(csv), bool)
+    for row in np.flatnonzero(ok):  # the error path only: find which cells do not parse
+        try:
+            to_epoch_s(col.slice(int(row), 1))
+        except pa.ArrowInvalid:
+            wrong[row] = True
+    row = int(np.flatnonzero(wrong)[0])
+    bad |= wrong
+    return [*firsts, (row, f"{csv.shown}:{csv.lines[row]}: field {field!r}: expected a valid "
+                           f"date-time, got {col[row].as_py()!r}")]  # fmt: skip
 
 
 def to_epoch_s(col: pa.Array) -> np.ndarray:

@@ -14,7 +14,6 @@ description, not as a column. Replies are not content-addressed in this format (
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
@@ -22,8 +21,8 @@ import numpy as np
 
 from kvsim.errors import TraceError
 from kvsim.traces.blocks import mix
-from kvsim.traces.common import Chunked, Requests, RowErrors
-from kvsim.traces.schema import KIND_CODES
+from kvsim.traces.common import Chunked, Requests, RowErrors, iter_lines
+from kvsim.traces.schema import KIND_CODES, MAX_REQUEST_TOKENS
 
 __all__ = ["DYNAMO_SCHEMA", "read_dynamo"]
 
@@ -32,17 +31,14 @@ _DOMAIN = np.uint64(0x44796E616D6F)  # "Dynamo"
 _TOOL_EVENTS = ("tool_start", "tool_end", "tool_error")
 
 
-def _open(path: Path, shown: str):
-    try:
-        with path.open("rb") as probe:
-            magic = probe.read(2)
-        return gzip.open(path, "rb") if magic == b"\x1f\x8b" else path.open("rb")
-    except OSError as exc:
-        raise TraceError(f"{shown}: cannot open: {exc.strerror}") from None
+def _table(value: object) -> dict:
+    """A JSON object, or {} for anything else (a missing or mistyped optional sub-object)."""
+    return value if isinstance(value, dict) else {}
 
 
 def _num(value: object) -> bool:
-    return type(value) in (int, float) and value == value and abs(value) != float("inf")
+    """A finite JSON number small enough for float64 (a 400-digit integer is not)."""
+    return type(value) in (int, float) and value == value and abs(value) < 1e300
 
 
 def read_dynamo(
@@ -57,92 +53,96 @@ def read_dynamo(
     tools: dict[str, list[float]] = {}
     parents: dict[str, str] = {}
     block: int | None = None
-    with _open(path, shown) as handle:
-        for line_no, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            where = f"{shown}:{line_no}"
-            try:
-                rec = json.loads(raw)
-            except (ValueError, EOFError) as exc:
-                errors.bad(f"{where}: not valid JSON: {exc}")
-                continue
-            event = rec.get("event") if isinstance(rec, dict) else None
-            if not isinstance(event, dict):
-                errors.bad(f"{where}: field 'event': missing")
-                continue
-            ts = rec.get("timestamp")
-            if not _num(ts) or ts < 0:
-                errors.bad(
-                    f"{where}: field 'timestamp': expected a non-negative number, got {ts!r}"
-                )
-                continue
-            ctx = event.get("agent_context") or {}
-            session = ctx.get("session_id")
-            if not isinstance(session, str):
-                errors.bad(f"{where}: field 'agent_context.session_id': missing")
-                continue
-            if isinstance(ctx.get("parent_session_id"), str):
-                parents[session] = ctx["parent_session_id"]
-            kind = event.get("event_type")
-            if kind in _TOOL_EVENTS:
-                tool = event.get("tool") or {}
-                if kind != "tool_start" and _num(tool.get("duration_ms")):
-                    tools.setdefault(session, []).append(float(tool["duration_ms"]))
-                continue
-            if kind != "request_end":
-                continue
-            req = event.get("request")
-            if not isinstance(req, dict):
-                errors.bad(f"{where}: field 'request': missing")
-                continue
-            replay = req.get("replay") or {}
-            n_in, n_out = req.get("input_tokens"), req.get("output_tokens")
-            hashes = replay.get("input_sequence_hashes")
-            size = replay.get("trace_block_size")
-            problem = None
-            if type(n_in) is not int or n_in < 0:
-                problem = (
-                    f"field 'request.input_tokens': expected a non-negative integer, got {n_in!r}"
-                )
-            elif type(n_out) is not int or n_out < 0:
-                problem = (
-                    f"field 'request.output_tokens': expected a non-negative integer, got {n_out!r}"
-                )
-            elif type(size) is not int or size < 1:
-                problem = (
-                    f"field 'replay.trace_block_size': expected a positive integer, got {size!r}"
-                )
-            elif block is not None and size != block:
-                problem = (
-                    f"field 'replay.trace_block_size': {size} differs from earlier rows' {block}"
-                )
-            elif type(hashes) is not list or not all(type(h) is int and h >= 0 for h in hashes):
-                problem = (
-                    "field 'replay.input_sequence_hashes': expected a list of non-negative integers"
-                )
-            elif len(hashes) != -(-n_in // size):
-                problem = (
-                    f"field 'replay.input_sequence_hashes': expected ceil(input_tokens / "
-                    f"{size}) = {-(-n_in // size)} hashes, got {len(hashes)}"
-                )
-            if problem:
-                errors.bad(f"{where}: {problem}")
-                continue
-            block = size
-            received = req.get("request_received_ms")
-            event_ms = event.get("event_time_unix_ms")
-            total = req.get("total_time_ms")
-            if _num(received) and _num(event_ms):
-                start_ms = ts - (event_ms - received)
-            elif _num(total):
-                start_ms = ts - total
-            else:
-                start_ms = ts
-            rows.append({"session": session, "start": start_ms, "end": ts, "in": n_in,
-                         "out": max(n_out, 1), "hashes": hashes})  # fmt: skip
+    for line_no, raw in iter_lines(path, shown):
+        if not raw.strip():
+            continue
+        where = f"{shown}:{line_no}"
+        try:
+            rec = json.loads(raw)
+        except UnicodeDecodeError as exc:
+            errors.bad(f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x})")
+            continue
+        except ValueError as exc:
+            errors.bad(f"{where}: not valid JSON: {exc}")
+            continue
+        event = rec.get("event") if isinstance(rec, dict) else None
+        if not isinstance(event, dict):
+            errors.bad(f"{where}: field 'event': missing")
+            continue
+        ts = rec.get("timestamp")
+        if not _num(ts) or ts < 0:
+            errors.bad(f"{where}: field 'timestamp': expected a non-negative number, got {ts!r}")
+            continue
+        ctx = _table(event.get("agent_context"))
+        session = ctx.get("session_id")
+        if not isinstance(session, str):
+            errors.bad(f"{where}: field 'agent_context.session_id': missing")
+            continue
+        if isinstance(ctx.get("parent_session_id"), str):
+            parents[session] = ctx["parent_session_id"]
+        kind = event.get("event_type")
+        if kind in _TOOL_EVENTS:
+            tool = _table(event.get("tool"))
+            if kind != "tool_start" and _num(tool.get("duration_ms")):
+                tools.setdefault(session, []).append(float(tool["duration_ms"]))
+            continue
+        if kind != "request_end":
+            continue
+        req = event.get("request")
+        if not isinstance(req, dict):
+            errors.bad(f"{where}: field 'request': missing")
+            continue
+        replay = _table(req.get("replay"))
+        n_in, n_out = req.get("input_tokens"), req.get("output_tokens")
+        hashes = replay.get("input_sequence_hashes")
+        size = replay.get("trace_block_size")
+        problem = None
+        if type(n_in) is not int or n_in < 1:
+            problem = (
+                "field 'request.input_tokens': expected a positive integer (a prompt of >= 1 "
+                f"token), got {n_in!r}"
+            )
+        elif type(n_out) is not int or n_out < 0:
+            problem = (
+                f"field 'request.output_tokens': expected a non-negative integer, got {n_out!r}"
+            )
+        elif max(n_in, n_out) > MAX_REQUEST_TOKENS:
+            field = "input_tokens" if n_in > MAX_REQUEST_TOKENS else "output_tokens"
+            problem = (
+                f"field 'request.{field}': expected at most {MAX_REQUEST_TOKENS:,} tokens, "
+                f"got {max(n_in, n_out)!r}"
+            )
+        elif type(size) is not int or size < 1:
+            problem = f"field 'replay.trace_block_size': expected a positive integer, got {size!r}"
+        elif block is not None and size != block:
+            problem = f"field 'replay.trace_block_size': {size} differs from earlier rows' {block}"
+        elif type(hashes) is not list or not all(type(h) is int and 0 <= h < 2**64 for h in hashes):
+            problem = (
+                "field 'replay.input_sequence_hashes': expected a list of integers in [0, 2^64)"
+            )
+        elif len(hashes) != -(-n_in // size):
+            problem = (
+                f"field 'replay.input_sequence_hashes': expected ceil(input_tokens / "
+                f"{size}) = {-(-n_in // size)} hashes, got {len(hashes)}"
+            )
+        if problem:
+            errors.bad(f"{where}: {problem}")
+            continue
+        block = size
+        received = req.get("request_received_ms")
+        event_ms = event.get("event_time_unix_ms")
+        total = req.get("total_time_ms")
+        if _num(received) and _num(event_ms):
+            start_ms = ts - (event_ms - received)
+        elif _num(total):
+            start_ms = ts - total
+        else:
+            start_ms = ts
+        rows.append({"session": session, "start": start_ms, "end": ts, "in": n_in,
+                     "out": max(n_out, 1), "hashes": hashes})  # fmt: skip
     if not rows:
-        raise TraceError(f"{shown}: no request_end events")
+        skipped = f" ({errors.count:,} malformed rows skipped)" if errors.count else ""
+        raise TraceError(f"{shown}: no requests: no valid request_end events{skipped}")
     rows.sort(key=lambda r: (r["start"], r["end"]))
     names: dict[str, int] = {}
     last_end: dict[str, float] = {}

@@ -18,8 +18,14 @@ import numpy as np
 
 from kvsim.errors import TraceError
 from kvsim.traces.blocks import mix
-from kvsim.traces.common import RowErrors
-from kvsim.traces.schema import KIND_CODES, Trace, make_trace_table
+from kvsim.traces.common import RowErrors, iter_lines
+from kvsim.traces.schema import (
+    KIND_CODES,
+    MAX_REQUEST_TOKENS,
+    META_SKIPPED,
+    Trace,
+    make_trace_table,
+)
 
 __all__ = ["MOONCAKE_BLOCK_TOKENS", "load_mooncake"]
 
@@ -27,6 +33,8 @@ MOONCAKE_BLOCK_TOKENS = 512
 #: Domain separator, so Mooncake ids never collide with hashes drawn by other sources by design.
 _ID_DOMAIN = np.uint64(0x4D6F6F6E63616B65)  # "Mooncake"
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+#: Below float64's overflow, so an integer timestamp of any length cannot crash the conversion.
+_MAX_NUMBER = 1e300
 
 
 def _bad(where: str, field: str, expected: str, value: object) -> TraceError:
@@ -44,6 +52,8 @@ def _check_row(raw: bytes, where: str) -> str | tuple:
     """The row's (timestamp, input, output, hash ids), or the one-line error message."""
     try:
         row = json.loads(raw)
+    except UnicodeDecodeError as exc:
+        return f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x})"
     except ValueError as exc:
         return f"{where}: not valid JSON: {exc}"
     if not isinstance(row, dict):
@@ -52,15 +62,18 @@ def _check_row(raw: bytes, where: str) -> str | tuple:
         if field not in row:
             return f"{where}: field {field!r}: missing"
     ts = row["timestamp"]
-    if type(ts) not in (int, float) or not (0 <= ts < float("inf")):
+    if type(ts) not in (int, float) or not (0 <= ts < _MAX_NUMBER):
         return str(_bad(where, "timestamp", "a non-negative number of milliseconds", ts))
     n_in, n_out, hashes = row["input_length"], row["output_length"], row["hash_ids"]
-    if not _is_int(n_in) or n_in < 0:
-        return str(_bad(where, "input_length", "a non-negative integer", n_in))
+    if not _is_int(n_in) or n_in < 1:
+        return str(_bad(where, "input_length", "a positive integer (a prompt of >= 1 token)", n_in))
     if not _is_int(n_out) or n_out < 1:
         return str(_bad(where, "output_length", "a positive integer", n_out))
-    if type(hashes) is not list or not all(_is_int(h) and h >= 0 for h in hashes):
-        return str(_bad(where, "hash_ids", "a list of non-negative integers", hashes))
+    for field, count in (("input_length", n_in), ("output_length", n_out)):
+        if count > MAX_REQUEST_TOKENS:
+            return str(_bad(where, field, f"at most {MAX_REQUEST_TOKENS:,} tokens", count))
+    if type(hashes) is not list or not all(_is_int(h) and 0 <= h < 2**64 for h in hashes):
+        return str(_bad(where, "hash_ids", "a list of non-negative integers below 2^64", hashes))
     blocks = -(-n_in // MOONCAKE_BLOCK_TOKENS)
     if len(hashes) != blocks:
         return str(
@@ -75,33 +88,27 @@ def _check_row(raw: bytes, where: str) -> str | tuple:
 
 
 def _parse(
-    path: Path, shown: str, max_requests: int | None, errors: RowErrors | None = None
+    path: Path, shown: str, max_requests: int | None, errors: RowErrors
 ) -> tuple[list, list, list, list]:
-    errors = errors or RowErrors()
     timestamps: list[float] = []
     inputs: list[int] = []
     outputs: list[int] = []
     ids: list[list[int]] = []
-    try:
-        handle = path.open("rb")
-    except OSError as exc:
-        raise TraceError(f"{shown}: cannot open: {exc.strerror}") from None
-    with handle:
-        for line_no, raw in enumerate(handle, start=1):
-            if max_requests is not None and len(inputs) >= max_requests:
-                break
-            if not raw.strip():
-                continue
-            where = f"{shown}:{line_no}"
-            problem = _check_row(raw, where)
-            if isinstance(problem, str):
-                errors.bad(problem)
-                continue
-            ts, n_in, n_out, hashes = problem
-            timestamps.append(ts)
-            inputs.append(n_in)
-            outputs.append(n_out)
-            ids.append(hashes)
+    for line_no, raw in iter_lines(path, shown):
+        if max_requests is not None and len(inputs) >= max_requests:
+            break
+        if not raw.strip():
+            continue
+        where = f"{shown}:{line_no}"
+        problem = _check_row(raw, where)
+        if isinstance(problem, str):
+            errors.bad(problem)
+            continue
+        ts, n_in, n_out, hashes = problem
+        timestamps.append(ts)
+        inputs.append(n_in)
+        outputs.append(n_out)
+        ids.append(hashes)
     return timestamps, inputs, outputs, ids
 
 
@@ -123,10 +130,12 @@ def load_mooncake(
     """
     path = Path(path)
     shown = shown or str(path)
+    errors = errors or RowErrors()
     ts, inputs, outputs, ids = _parse(path, shown, max_requests, errors)
     n = len(inputs)
     if n == 0:
-        raise TraceError(f"{shown}: no requests")
+        reason = f": all {errors.count:,} rows were malformed and skipped" if errors.count else ""
+        raise TraceError(f"{shown}: no requests{reason}")
     arrival_s = np.asarray(ts, dtype=np.float64) / 1000.0
     if rate is not None:
         span_s = float(arrival_s.max() - arrival_s.min())
@@ -169,4 +178,8 @@ def load_mooncake(
             + (f"; times divided by rate_scale {rate_scale:g}" if rate_scale != 1.0 else "")
         ),
     )
+    if errors.count:
+        meta = dict(table.schema.metadata or {})
+        meta[META_SKIPPED] = str(errors.count).encode()
+        table = table.replace_schema_metadata(meta)
     return Trace.from_table(table, shown)

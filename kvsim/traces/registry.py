@@ -7,7 +7,6 @@ the name and first bytes unless `format` is given.
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import os
@@ -22,13 +21,15 @@ import pyarrow.parquet as pq
 
 import kvsim
 from kvsim.errors import KvsimError, TraceError, UnknownNameError
+from kvsim.textio import decode_utf8
 from kvsim.traces.agentic import AgenticParams, generate_agentic
 from kvsim.traces.arrivals import check_arrival, make_process, retime_table
 from kvsim.traces.azure import read_azure
 from kvsim.traces.burstgpt import read_burstgpt
 from kvsim.traces.chat import ChatTiming, read_lmsys, read_sharegpt_json
-from kvsim.traces.common import Chunked, Requests, RowErrors
+from kvsim.traces.common import Chunked, Requests, RowErrors, iter_lines
 from kvsim.traces.dynamo import read_dynamo
+from kvsim.traces.jsonl import read_jsonl
 from kvsim.traces.lmsys import LmsysParams, generate_lmsys
 from kvsim.traces.mooncake import load_mooncake
 from kvsim.traces.schema import META_SKIPPED, Trace, read_trace
@@ -49,7 +50,7 @@ __all__ = [
     "traces_dir",
 ]
 
-FORMATS = ("canonical", "mooncake", "sharegpt", "lmsys", "azure", "burstgpt", "dynamo",
+FORMATS = ("canonical", "jsonl", "mooncake", "sharegpt", "lmsys", "azure", "burstgpt", "dynamo",
            "swe-agent")  # fmt: skip
 
 
@@ -124,7 +125,7 @@ def collect(source: Chunked, max_requests: int | None = None) -> Trace:
                 break
     req = Requests.concat(parts)
     if not len(req):
-        raise TraceError(f"{source.name}: no requests")
+        raise source.no_requests()
     table = req.to_table(
         name=source.name,
         native_block_size=source.native_block_size,
@@ -152,6 +153,7 @@ def _mooncake(relpath: str, name: str) -> Loader:
             max_requests=opts.max_requests,
             rate=opts.rate,
             rate_scale=opts.rate_scale,
+            errors=RowErrors(skip=opts.skip_bad_rows),
         )
 
     return load
@@ -290,22 +292,26 @@ def detect_format(path: Path) -> str:
     if name.endswith(".json"):
         return "sharegpt"
     if name.endswith(".csv"):
-        with path.open("rb") as handle:
-            head = handle.readline().decode("utf-8", "replace")
+        try:
+            with path.open("rb") as handle:
+                head = decode_utf8(handle.readline(), str(path), TraceError)
+        except OSError as exc:
+            raise TraceError(f"{path}: cannot open: {exc.strerror or exc}") from None
         if "ContextTokens" in head:
             return "azure"
         if "Request tokens" in head:
             return "burstgpt"
         raise TraceError(f"{path}:1: unknown CSV header; expected Azure or BurstGPT columns")
     if name.endswith((".jsonl", ".jsonl.gz", ".gz")):
-        opener = gzip.open if name.endswith(".gz") else open
         try:
-            with opener(path, "rb") as handle:
-                first = handle.readline()
-            row = json.loads(first) if first.strip() else {}
-        except (OSError, ValueError):
+            first = next((raw for _, raw in iter_lines(path, str(path)) if raw.strip()), b"")
+            row = json.loads(first) if first else {}
+        except ValueError:
             return "mooncake"  # its own reader reports the bad line
-        return "dynamo" if isinstance(row, dict) and "event" in row else "mooncake"
+        if isinstance(row, dict) and "event" in row:
+            return "dynamo"
+        own = ("segments", "arrival_s", "output_tokens")  # kvsim JSONL's names, not Mooncake's
+        return "jsonl" if isinstance(row, dict) and any(k in row for k in own) else "mooncake"
     raise TraceError(f"{path}: unknown trace format; pass a format ({', '.join(FORMATS)})")
 
 
@@ -319,6 +325,8 @@ def open_source(
     skip_bad_rows: bool = False,
 ) -> Chunked | Trace:
     """A trace file as a stream of chunks (text and CSV formats) or a loaded Trace."""
+    if not os.fspath(path).strip():
+        raise TraceError("trace path: expected a file, got ''")
     path = Path(path)
     if not path.exists():
         raise TraceError(f"{path}: no such trace file")
@@ -326,9 +334,11 @@ def open_source(
     if fmt not in FORMATS:
         raise UnknownNameError("trace format", fmt, list(FORMATS))
     if fmt == "canonical":
-        return read_trace(path)
+        return read_trace(path, skip_bad_rows)
     if fmt == "mooncake":
         return load_mooncake(path, errors=RowErrors(skip=skip_bad_rows))
+    if fmt == "jsonl":
+        return read_jsonl(path, skip_bad_rows=skip_bad_rows)
     if fmt in ("sharegpt", "lmsys"):
         timing = ChatTiming.default(seed, rate or 1.0)
         reader = read_sharegpt_json if fmt == "sharegpt" else read_lmsys
@@ -407,7 +417,7 @@ def _load_parquet(path: Path, opts: _Options) -> Trace:
         raise KvsimError(
             f"option 'rate' does not apply to a stored trace ({path}); use 'rate_scale'"
         )
-    trace = read_trace(path)
+    trace = read_trace(path, opts.skip_bad_rows)
     table = trace.table
     if opts.max_requests is not None:
         table = table.slice(0, opts.max_requests)
@@ -468,6 +478,9 @@ def load_trace(
     """
     _check_options(max_requests, rate, rate_scale)
     check_arrival(arrival, cv)
+    if not os.fspath(name_or_path).strip():
+        # Path("") is the current directory: never read it by accident.
+        raise UnknownNameError("trace", os.fspath(name_or_path), [*trace_names(), "a file path"])
     model = None if arrival is None else arrival.partition(":")[0]
     retimed = model not in (None, "replay")
     # With a new arrival model, load everything first: the first N by the new times differ.

@@ -7,7 +7,8 @@ new loader and nothing else. Columns (sorted by `arrival_s`, then `request_id`):
 - `arrival_s` float64: nominal arrival, seconds from trace start (always filled).
 - `think_time_s` float64, nullable: when set and `turn` > 0, the request is issued this long after
   the previous turn of its session finished (closed loop); when null it arrives at `arrival_s`.
-- `input_tokens` int32, `output_tokens` int32 (>= 1).
+- `input_tokens` int32 (>= 1: a request needs a prompt), `output_tokens` int32 (>= 1); neither
+  above `MAX_REQUEST_TOKENS`.
 - `segments` list<struct<hash uint64, tokens int32, kind string>>: the prompt as content-addressed
   pieces, `sum(tokens) == input_tokens`, each `tokens >= 1`, `kind` in `SEGMENT_KINDS`.
 - `output_hash` uint64: content hash of the reply (0: not content-addressed).
@@ -15,6 +16,11 @@ new loader and nothing else. Columns (sorted by `arrival_s`, then `request_id`):
 Schema metadata: `kvsim.trace_name`, `kvsim.native_block_size` (absent when the source has none),
 `kvsim.description` (one line on what is real and what is drawn), `kvsim.skipped_rows` (malformed
 source rows left out under `skip_bad_rows`; absent when none).
+
+`Trace.warnings` holds plausibility warnings that do not stop a run, such as arrivals that reach
+past `IMPLAUSIBLE_SPAN_S` (30 days), which almost always means milliseconds or epoch times were
+read as seconds. They are computed from the table whenever a `Trace` is built, so every loader
+and every retiming gets them.
 """
 
 from __future__ import annotations
@@ -30,18 +36,29 @@ import pyarrow.parquet as pq
 from kvsim.errors import TraceError
 
 __all__ = [
+    "IMPLAUSIBLE_SPAN_S",
     "KIND_CODES",
+    "MAX_REQUEST_TOKENS",
     "SEGMENT_KINDS",
     "SEGMENT_TYPE",
     "TRACE_SCHEMA",
     "SegmentColumns",
     "Trace",
+    "drop_bad_rows",
     "make_trace_table",
     "read_trace",
     "segment_columns",
+    "trace_warnings",
     "validate_trace",
     "write_trace",
 ]
+
+#: Most tokens one request may have in its prompt or its reply. The longest context windows
+#: served today are about 10^7 tokens; 10^8 leaves room for any real trace while catching the
+#: counts that are really bytes, ids or corrupt cells (and stays far inside int32).
+MAX_REQUEST_TOKENS = 100_000_000
+#: Arrivals past this (30 days) are almost surely in the wrong unit: `Trace.warnings` says so.
+IMPLAUSIBLE_SPAN_S = 30 * 86_400.0
 
 SEGMENT_KINDS = ("system", "user", "assistant", "tool", "document", "opaque")
 KIND_CODES = {kind: code for code, kind in enumerate(SEGMENT_KINDS)}
@@ -83,6 +100,7 @@ class Trace:
     native_block_size: int | None
     description: str
     skipped_rows: int = 0  # malformed source rows left out under skip_bad_rows
+    warnings: tuple[str, ...] = ()  # plausibility warnings for the user (see `trace_warnings`)
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -103,7 +121,35 @@ class Trace:
             native_block_size=native,
             description=meta.get(META_DESCRIPTION, b"").decode(),
             skipped_rows=int(meta.get(META_SKIPPED, b"0") or 0),
+            warnings=trace_warnings(table, meta.get(META_NAME, b"").decode() or source),
         )
+
+
+def trace_warnings(table: pa.Table, source: str) -> tuple[str, ...]:
+    """Warnings about times that are valid but implausible: a unit mistake, not a workload.
+
+    A trace whose arrivals (or one think time) reach past 30 days would make the simulator walk
+    through months of idle time; the usual cause is epoch or millisecond timestamps read as
+    seconds, so the message says that.
+    """
+    if table.num_rows == 0:
+        return ()
+    found = []
+    days = IMPLAUSIBLE_SPAN_S / 86_400
+    arrival = pc.max(table.column("arrival_s")).as_py()
+    if arrival is not None and arrival > IMPLAUSIBLE_SPAN_S:
+        found.append(
+            f"{source}: the last request arrives {arrival:.4g} s ({arrival / 86_400:,.0f} days) "
+            f"after the trace starts, over {days:.0f} days; the time unit looks wrong "
+            "(milliseconds or epoch timestamps read as seconds?)"
+        )
+    think = pc.max(table.column("think_time_s")).as_py()
+    if think is not None and think > IMPLAUSIBLE_SPAN_S:
+        found.append(
+            f"{source}: a think time of {think:.4g} s ({think / 86_400:,.0f} days), over "
+            f"{days:.0f} days; the time unit looks wrong (milliseconds read as seconds?)"
+        )
+    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -147,6 +193,7 @@ def make_trace_table(
     with offsets, so no per-row Python object is built.
     """
     n = len(request_id)
+    _check_token_counts(name, input_tokens, output_tokens, seg_tokens, seg_offsets)
     if think_time_s is None:
         think = pa.nulls(n, pa.float64())
     else:
@@ -177,6 +224,33 @@ def make_trace_table(
     return table
 
 
+def _check_token_counts(
+    name: str,
+    input_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    seg_tokens: np.ndarray,
+    seg_offsets: np.ndarray,
+) -> None:
+    """Last line of defence before int32 columns: an implausible count is a TraceError naming the
+    request, never a pyarrow overflow. Loaders check first, naming the source line."""
+    for field, values in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
+        values = np.asarray(values)
+        if values.size and values.max() > MAX_REQUEST_TOKENS:
+            row = int(np.argmax(values > MAX_REQUEST_TOKENS))
+            raise TraceError(
+                f"{name}: request {row}: field {field!r}: {int(values[row]):,} tokens is "
+                f"implausible (at most {MAX_REQUEST_TOKENS:,} per request)"
+            )
+    seg = np.asarray(seg_tokens)
+    if seg.size and seg.max() > MAX_REQUEST_TOKENS:
+        i = int(np.argmax(seg > MAX_REQUEST_TOKENS))
+        row = int(np.searchsorted(np.asarray(seg_offsets), i, side="right")) - 1
+        raise TraceError(
+            f"{name}: request {row}: field 'segments': {int(seg[i]):,} tokens is implausible "
+            f"(at most {MAX_REQUEST_TOKENS:,} per request)"
+        )
+
+
 def segment_columns(table: pa.Table) -> SegmentColumns:
     """Flatten the segments column into numpy arrays (what the engine's hot path wants)."""
     lists = table.column("segments").combine_chunks()
@@ -202,8 +276,8 @@ def _np(table: pa.Table, name: str) -> np.ndarray:
     return table.column(name).to_numpy()
 
 
-def validate_trace(table: pa.Table, source: str) -> None:
-    """Check a table against the canonical schema and invariants; TraceError names row and field."""
+def _check_columns(table: pa.Table, source: str) -> None:
+    """Every canonical column is present, of its type, and null only where allowed."""
     names = table.schema.names
     for field in TRACE_SCHEMA:
         if field.name not in names:
@@ -217,84 +291,169 @@ def validate_trace(table: pa.Table, source: str) -> None:
         if not field.nullable and column.null_count:
             row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
             _fail(source, row, field.name, "is null")
-    if table.num_rows == 0:
-        return
 
-    def check(bad: np.ndarray, field: str, message: str, values: np.ndarray) -> None:
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            _fail(source, row, field, f"{message}, got {values[row]!r}")
 
-    request_id = _np(table, "request_id")
+def _row_problems(table: pa.Table) -> tuple[np.ndarray, list[tuple[int, str, str]]]:
+    """Rows that are wrong on their own (a bad count, time or segment), whatever other rows hold.
+
+    Returns the mask of bad rows and, per failed check, its first row with field and message.
+    """
+    n = table.num_rows
+    bad = np.zeros(n, bool)
+    firsts: list[tuple[int, str, str]] = []
+
+    def check(mask: np.ndarray, field: str, message: str, values: np.ndarray | None) -> None:
+        if mask.any():
+            row = int(np.flatnonzero(mask)[0])
+            got = "" if values is None else f", got {values[row]!r}"
+            firsts.append((row, field, message + got))
+            bad[mask] = True
+
     arrival = _np(table, "arrival_s")
     turn = _np(table, "turn")
-    session = _np(table, "session_id")
-    input_tokens = _np(table, "input_tokens")
-    output_tokens = _np(table, "output_tokens")
+    inputs = _np(table, "input_tokens")
+    outputs = _np(table, "output_tokens")
     think = table.column("think_time_s").to_numpy(zero_copy_only=False)
-
     check(~np.isfinite(arrival) | (arrival < 0), "arrival_s", "expected finite >= 0", arrival)
-    check(~np.isnan(think) & ~(think >= 0), "think_time_s", "expected finite >= 0", think)
-    check(np.isinf(think), "think_time_s", "expected finite >= 0", think)
-    check(turn < 0, "turn", "expected >= 0", turn)
-    check(input_tokens < 0, "input_tokens", "expected >= 0", input_tokens)
-    check(output_tokens < 1, "output_tokens", "expected >= 1", output_tokens)
-    later = (arrival[1:] < arrival[:-1]) | (
-        (arrival[1:] == arrival[:-1]) & (request_id[1:] <= request_id[:-1])
-    )
     check(
-        np.concatenate(([False], later)),
-        "arrival_s",
-        "rows not sorted by (arrival_s, request_id) or request_id repeated",
-        arrival,
+        (~np.isnan(think) & ~(think >= 0)) | np.isinf(think),
+        "think_time_s",
+        "expected finite >= 0",
+        think,
     )
-    uniq, first = np.unique(request_id, return_index=True)
-    if uniq.size != request_id.size:
-        dup = np.ones(request_id.size, bool)
-        dup[first] = False
-        check(dup, "request_id", "expected unique", request_id)
+    check(turn < 0, "turn", "expected >= 0", turn)
+    check(inputs < 1, "input_tokens", "expected >= 1 (a request needs a prompt)", inputs)
+    check(
+        inputs > MAX_REQUEST_TOKENS,
+        "input_tokens",
+        f"expected at most {MAX_REQUEST_TOKENS:,} (implausible)",
+        inputs,
+    )
+    check(outputs < 1, "output_tokens", "expected >= 1", outputs)
+    check(
+        outputs > MAX_REQUEST_TOKENS,
+        "output_tokens",
+        f"expected at most {MAX_REQUEST_TOKENS:,} (implausible)",
+        outputs,
+    )
 
-    # Within each session, turns appear in table order as 0, 1, 2, ... (no turn without its past).
+    seg = segment_columns(table)
+    row_of_seg = np.repeat(np.arange(n), np.diff(seg.offsets))
+    bad_tok = seg.tokens < 1
+    if bad_tok.any():
+        i = int(np.flatnonzero(bad_tok)[0])
+        firsts.append(
+            (
+                int(row_of_seg[i]),
+                "segments",
+                f"segment tokens must be >= 1, got {int(seg.tokens[i])}",
+            )
+        )
+        bad[row_of_seg[bad_tok]] = True
+    bad_kind = seg.kinds == 255
+    if bad_kind.any():
+        i = int(np.flatnonzero(bad_kind)[0])
+        kind = table.column("segments").combine_chunks().flatten().field("kind")[i].as_py()
+        firsts.append(
+            (
+                int(row_of_seg[i]),
+                "segments",
+                f"kind must be one of {', '.join(SEGMENT_KINDS)}, got {kind!r}",
+            )
+        )
+        bad[row_of_seg[bad_kind]] = True
+    running = np.concatenate(([0], np.cumsum(seg.tokens)))
+    totals = running[seg.offsets[1:]] - running[seg.offsets[:-1]]
+    check(
+        totals != inputs,
+        "input_tokens",
+        "expected the sum of segment tokens (mismatch)",
+        inputs,
+    )
+    return bad, firsts
+
+
+def _turn_positions(session: np.ndarray) -> np.ndarray:
+    """Each row's place among its session's rows, in table order (what `turn` must equal)."""
     order = np.lexsort((np.arange(session.size), session))
     s_sorted = session[order]
     starts = np.concatenate(([True], s_sorted[1:] != s_sorted[:-1]))
     group_start = np.maximum.accumulate(np.where(starts, np.arange(order.size), 0))
     expected = np.empty_like(order)
     expected[order] = np.arange(order.size) - group_start
-    check(turn != expected, "turn", "expected the turns of a session in order from 0", turn)
+    return expected
 
-    seg = segment_columns(table)
-    row_of_seg = np.repeat(np.arange(table.num_rows), np.diff(seg.offsets))
-    bad_tok = seg.tokens < 1
-    if bad_tok.any():
-        i = int(np.flatnonzero(bad_tok)[0])
-        _fail(
-            source,
-            int(row_of_seg[i]),
-            "segments",
-            f"segment tokens must be >= 1, got {int(seg.tokens[i])}",
-        )
-    bad_kind = seg.kinds == 255
-    if bad_kind.any():
-        i = int(np.flatnonzero(bad_kind)[0])
-        kind = table.column("segments").combine_chunks().flatten().field("kind")[i].as_py()
-        _fail(
-            source,
-            int(row_of_seg[i]),
-            "segments",
-            f"kind must be one of {', '.join(SEGMENT_KINDS)}, got {kind!r}",
-        )
-    sums = np.add.reduceat(seg.tokens, seg.offsets[:-1]) if seg.tokens.size else None
-    totals = np.zeros(table.num_rows, dtype=np.int64)
-    nonempty = np.diff(seg.offsets) > 0
-    if sums is not None:
-        totals[nonempty] = sums[nonempty]
-    check(
-        totals != input_tokens,
-        "input_tokens",
-        "expected the sum of segment tokens (mismatch)",
-        input_tokens,
+
+def validate_trace(table: pa.Table, source: str) -> None:
+    """Check a table against the canonical schema and invariants; TraceError names row and field.
+
+    Of the rows that are wrong on their own, the earliest is reported.
+    """
+    _check_columns(table, source)
+    if table.num_rows == 0:
+        return
+    _, firsts = _row_problems(table)
+    if firsts:
+        row, field, message = min(firsts, key=lambda f: f[0])
+        _fail(source, row, field, message)
+
+    request_id = _np(table, "request_id")
+    arrival = _np(table, "arrival_s")
+    turn = _np(table, "turn")
+    later = (arrival[1:] < arrival[:-1]) | (
+        (arrival[1:] == arrival[:-1]) & (request_id[1:] <= request_id[:-1])
     )
+    if later.any():
+        row = int(np.flatnonzero(later)[0]) + 1
+        _fail(
+            source,
+            row,
+            "arrival_s",
+            "rows not sorted by (arrival_s, request_id) or request_id repeated, "
+            f"got {arrival[row]!r}",
+        )
+    uniq = np.unique(request_id)
+    if uniq.size != request_id.size:
+        _, first = np.unique(request_id, return_index=True)
+        dup = np.ones(request_id.size, bool)
+        dup[first] = False
+        row = int(np.flatnonzero(dup)[0])
+        _fail(source, row, "request_id", f"expected unique, got {request_id[row]!r}")
+    # Within each session, turns appear in table order as 0, 1, 2, ... (no turn without its past).
+    wrong = turn != _turn_positions(_np(table, "session_id"))
+    if wrong.any():
+        row = int(np.flatnonzero(wrong)[0])
+        _fail(
+            source,
+            row,
+            "turn",
+            f"expected the turns of a session in order from 0, got {turn[row]!r}",
+        )
+
+
+def drop_bad_rows(table: pa.Table, source: str) -> tuple[pa.Table, int]:
+    """The table without the rows that are wrong on their own, and how many were dropped.
+
+    For `skip_bad_rows` on a canonical file. A session that lost a row has its later turns
+    renumbered, so the rest of it still replays (its prompts keep their segments, so the KV they
+    would have reused is simply missing). Problems of the whole file still raise.
+    """
+    _check_columns(table, source)
+    if table.num_rows == 0:
+        return table, 0
+    bad, _ = _row_problems(table)
+    if not bad.any():
+        return table, 0
+    session = _np(table, "session_id")
+    hit = np.isin(session, session[bad])
+    table = table.filter(pa.array(~bad))
+    hit = hit[~bad]
+    if hit.any():
+        turn = _np(table, "turn").copy()
+        turn[hit] = _turn_positions(_np(table, "session_id"))[hit]
+        index = table.schema.get_field_index("turn")
+        table = table.set_column(index, table.schema.field(index), pa.array(turn, pa.int32()))
+    return table, int(bad.sum())
 
 
 def write_trace(trace: Trace | pa.Table, path: str | Path) -> None:
@@ -303,13 +462,23 @@ def write_trace(trace: Trace | pa.Table, path: str | Path) -> None:
     pq.write_table(table, Path(path))
 
 
-def read_trace(path: str | Path) -> Trace:
-    """Read and validate a canonical trace written by `write_trace`."""
+def read_trace(path: str | Path, skip_bad_rows: bool = False) -> Trace:
+    """Read and validate a canonical trace written by `write_trace`.
+
+    With `skip_bad_rows`, rows wrong on their own are dropped and counted (`drop_bad_rows`),
+    added to any count the file already carries from its conversion.
+    """
     path = Path(path)
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise TraceError(f"{path}: cannot read as Parquet: {exc}") from None
+    if skip_bad_rows:
+        table, dropped = drop_bad_rows(table, str(path))
+        if dropped:
+            meta = dict(table.schema.metadata or {})
+            meta[META_SKIPPED] = str(int(meta.get(META_SKIPPED, b"0") or 0) + dropped).encode()
+            table = table.replace_schema_metadata(meta)
     validate_trace(table, str(path))
     # Parquet renames the list item field ("item" -> "element"); restore the canonical schema.
     table = table.cast(TRACE_SCHEMA.with_metadata(table.schema.metadata))

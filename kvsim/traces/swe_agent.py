@@ -27,6 +27,7 @@ from kvsim.traces.common import (
     RowErrors,
     chat_requests,
     closed_loop_times,
+    drop_oversized_sessions,
     read_json,
 )
 from kvsim.traces.schema import KIND_CODES
@@ -96,9 +97,10 @@ def read_swe_agent(
     """
     paths = [Path(paths)] if isinstance(paths, str | Path) else list(paths)
     if len(paths) == 1 and paths[0].is_dir():
-        paths = sorted(paths[0].glob("*.traj"))
+        folder = paths[0]
+        paths = sorted(folder.glob("*.traj"))
         if not paths:
-            raise TraceError(f"{paths}: no .traj files")
+            raise TraceError(f"{folder}: no .traj files")
     counter = counter or TokenCounter()
     errors = RowErrors(skip=skip_bad_rows)
     offsets, kinds, texts, exec_all = [0], [], [], []
@@ -113,6 +115,7 @@ def read_swe_agent(
     msgs = ChatMessages(np.asarray(offsets, np.int64), kind_arr, counter.count(text_arr),
                         content_hashes(text_arr, kind_arr))  # fmt: skip
     req = chat_requests(msgs, np.arange(len(paths)))
+    req = drop_oversized_sessions(req, errors, lambda session: str(paths[session]))
     think = np.zeros(len(req))
     for i in np.flatnonzero(req.turn > 0):
         steps = exec_all[req.session_id[i]]
