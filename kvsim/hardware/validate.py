@@ -4,6 +4,11 @@ Every error names the file and the dotted field (``tiers.nvme.read_bandwidth``) 
 it without reading kvsim's code; every number must say where it came from in ``[sources]``.
 Calibration tables under ``[measured]`` carry their own provenance (device, driver, torch
 version, date) instead of per-number sources; ``kvsim.hardware.measured`` checks their shape.
+
+Physical quantities (FLOP/s, sizes, bandwidths, counts, efficiencies) must be finite and above 0;
+prices, latencies and the per-iteration overhead may be 0 (HBM is paid for in the GPU's price),
+but no number may be NaN, infinite or negative: one such value used to pass and then make a run
+"complete" 1 request of 100.
 """
 
 from __future__ import annotations
