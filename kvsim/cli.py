@@ -91,11 +91,71 @@ def _format_summary(summary: dict[str, object], out: Path) -> str:
             f"{s['preemptions']} preemptions)",
         ),
         ("cost", f"${s['cost_usd']:,.2f}  (${s['cost_per_million_tokens_usd']:.3f} per M tokens)"),
+    ]
+    if s.get("slo_attainment") is not None:
+        slo = s["slo"]
+        bounds = ", ".join(
+            f"{name} <= {slo[key] * 1000:,.0f} ms"
+            for name, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"))
+            if slo[key] is not None
+        )
+        rows.append(
+            (
+                "SLO attainment",
+                f"{s['slo_attainment']:.3f}  ({bounds}; goodput "
+                f"{s['goodput_tokens_per_s']:,.0f} tok/s)",
+            )
+        )
+    attribution = s.get("hit_attribution")
+    if attribution:
+        rows.append(
+            (
+                "reuse ceiling split",
+                f"{attribution['ceiling']:.3f} = captured {attribution['captured']:.3f}"
+                f" + routing {attribution['lost_to_routing']:.3f}"
+                f" + eviction {attribution['lost_to_eviction']:.3f}"
+                f" + staleness {attribution['lost_to_staleness']:.3f}",
+            )
+        )
+    if "per_replica" in s:
+        rows.append(("replicas / router", f"{s['replicas']} behind {s['router']}"))
+        if "pd" in s:
+            pd = s["pd"]
+            rows.append(
+                (
+                    "prefill / decode",
+                    f"{pd['prefill_replicas']}:{pd['decode_replicas']}, "
+                    f"{pd['disaggregated']} disaggregated, {pd['local_prefills']} prefilled "
+                    f"locally, {pd['kv_transfer_bytes'] / 1e9:,.2f} GB of KV moved",
+                )
+            )
+    rows += [
         ("simulated / wall", f"{s['simulated_s']:,.1f} s simulated in {s['wall_s']:.2f} s"),
         ("results", str(out)),
     ]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    text = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    if "per_replica" in s:
+        text += "\n\n" + _format_replicas(s["per_replica"])  # type: ignore[arg-type]
+    return text
+
+
+def _format_replicas(per_replica: list[dict[str, object]]) -> str:
+    """One line per replica: where it is, what it served, how fast, how busy."""
+
+    def ms(v: object) -> str:
+        return "n/a" if not isinstance(v, float) or math.isnan(v) else f"{v * 1000:,.0f}"
+
+    head = f"{'replica':>7} {'role':>7} {'node':>4} {'requests':>8} {'TTFT p50 ms':>11} "
+    head += f"{'TTFT p99 ms':>11} {'hit ratio':>9} {'busy':>5} {'preempt':>7}"
+    lines = [head]
+    for r in per_replica:
+        lines.append(
+            f"{r['replica']:>7} {r['role']:>7} {r['node']:>4} {r['requests']:>8} "
+            f"{ms(r['ttft_p50_s']):>11} {ms(r['ttft_p99_s']):>11} "
+            f"{r['prefix_hit_ratio']:>9.3f} {r['busy_fraction']:>5.2f} {r['preemptions']:>7}"
+        )
+    return "\n".join(lines)
 
 
 def _default_out() -> Path:
@@ -167,11 +227,35 @@ def _default_out() -> Path:
     type=float,
     help="Simulated seconds between timeline samples. [default: 1]",
 )
+@click.option("--replicas", type=int, help="Serving replicas of --tp GPUs each. [default: 1]")
+@click.option(
+    "--router", help="Router name or module:Class (see kvsim.routers). [default: round-robin]"
+)
+@click.option(
+    "--router-param",
+    "router_params",
+    multiple=True,
+    metavar="ROUTER.NAME=VALUE",
+    help="A router parameter, e.g. dynamo-kv.overlap_score_weight=2 (repeatable).",
+)
+@click.option(
+    "--router-refresh-s",
+    type=float,
+    help="Seconds between the snapshots routers see; 0 = exact live state. [default: 0]",
+)
+@click.option("--pd", help="Prefill/decode disaggregation P:D, e.g. 1:3.")
+@click.option(
+    "--pd-threshold",
+    type=int,
+    help="Prefill on the decode replica below this many uncached tokens. [router's rule or 0]",
+)
+@click.option("--slo-ttft", "slo_ttft_s", type=float, help="TTFT objective in seconds.")
+@click.option("--slo-tpot", "slo_tpot_s", type=float, help="TPOT objective in seconds.")
 @click.option("--seed", type=int, help="Seed for every random draw. [default: 0]")
 @click.option("--out", type=click.Path(file_okay=False), help="Results folder. [runs/<time>]")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 def run(config_path: str | None, out: str | None, as_json: bool, **options) -> None:
-    """Simulate a serving replica on a trace and report TTFT, TPOT, throughput and hit ratio."""
+    """Simulate serving replicas on a trace and report TTFT, TPOT, throughput and hit ratio."""
     from kvsim.run import RunConfig, write_outputs
     from kvsim.run import run as run_sim
 
@@ -186,6 +270,9 @@ def run(config_path: str | None, out: str | None, as_json: bool, **options) -> N
         options["enable_prefix_caching"] = False
     options["tier_capacity"] = ",".join(options["tier_capacity"]) or None
     options["policy_params"] = ",".join(options["policy_params"]) or None
+    options["router_params"] = ",".join(options["router_params"]) or None
+    _positive("slo-ttft", options["slo_ttft_s"])
+    _positive("slo-tpot", options["slo_tpot_s"])
     options["max_num_batched_tokens"] = options.pop("max_batched_tokens")
     given = {k: v for k, v in options.items() if v is not None}
     base = RunConfig.from_toml(config_path) if config_path else RunConfig()

@@ -22,7 +22,7 @@ from kvsim.engine.config import EngineConfig
 from kvsim.engine.simulation import ProgressFn, RunResult, simulate
 from kvsim.errors import ConfigError
 from kvsim.hardware import load_profile
-from kvsim.metrics import summarize
+from kvsim.metrics import Slo, summarize
 from kvsim.models import load_model
 from kvsim.traces import load_trace
 
@@ -43,6 +43,8 @@ class RunConfig:
     model: str = "llama-3.1-8b"
     hardware: str = "h100-sxm"
     engine: EngineConfig = field(default_factory=EngineConfig)
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -60,6 +62,7 @@ class RunConfig:
             "model": {"name": self.model},
             "hardware": {"profile": self.hardware},
             "engine": self.engine.as_dict(),
+            "slo": {"ttft_s": self.slo_ttft_s, "tpot_s": self.slo_tpot_s},
         }
 
     @classmethod
@@ -69,7 +72,7 @@ class RunConfig:
             doc = tomllib.loads(Path(path).read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{path}: {exc}") from None
-        known = {"trace", "model", "hardware", "engine"}
+        known = {"trace", "model", "hardware", "engine", "slo"}
         for key in doc:
             if key not in known:
                 raise ConfigError(f"{path}: unknown table [{key}]; expected {sorted(known)}")
@@ -93,6 +96,8 @@ class RunConfig:
                 model=doc.get("model", {}).get("name", cls.model),
                 hardware=doc.get("hardware", {}).get("profile", cls.hardware),
                 engine=EngineConfig(**engine),
+                slo_ttft_s=doc.get("slo", {}).get("ttft_s"),
+                slo_tpot_s=doc.get("slo", {}).get("tpot_s"),
             )
         except TypeError as exc:
             raise ConfigError(f"{path}: {exc}") from None
@@ -107,6 +112,7 @@ class RunOutcome:
 
 def run(config: RunConfig, progress: ProgressFn | None = None) -> RunOutcome:
     """Load everything the config names, simulate, and summarise. Raises KvsimError on bad input."""
+    slo = Slo(config.slo_ttft_s, config.slo_tpot_s)
     model = load_model(config.model)
     profile = load_profile(config.hardware)
     trace = load_trace(
@@ -128,7 +134,7 @@ def run(config: RunConfig, progress: ProgressFn | None = None) -> RunOutcome:
         "model": model.name,
         "hardware": profile.name,
         "policy": config.engine.policy,
-        **summarize(result),
+        **summarize(result, slo),
     }
     return RunOutcome(config, result, summary)
 

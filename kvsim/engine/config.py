@@ -78,6 +78,43 @@ class EngineConfig:
         default=1.0, metadata={"help": "simulated seconds between timeline samples"}
     )
     seed: int = field(default=0, metadata={"help": "the one seed all randomness flows from"})
+    replicas: int = field(
+        default=1, metadata={"help": "serving replicas of tp GPUs each (with pd: P + D)"}
+    )
+    router: str = field(
+        default="round-robin", metadata={"help": "router name (kvsim.routers) or module:Class"}
+    )
+    router_params: str = field(
+        default="", metadata={"help": "router parameters, e.g. 'dynamo-kv.overlap_score_weight=2'"}
+    )
+    router_refresh_s: float = field(
+        default=0.0,
+        metadata={"help": "seconds between the snapshots routers see (0: exact, live state)"},
+    )
+    pd: str = field(
+        default="",
+        metadata={"help": "prefill/decode disaggregation 'P:D' (P prefill, D decode replicas)"},
+    )
+    pd_threshold: int | None = field(
+        default=None,
+        metadata={
+            "help": "prefill on the decode replica when its uncached tokens are fewer than this "
+            "(default: the router's rule, else always disaggregate)"
+        },
+    )
+
+    @property
+    def pd_split(self) -> tuple[int, int] | None:
+        """(prefill, decode) replicas, or None for aggregated serving."""
+        if not self.pd:
+            return None
+        p, _, d = self.pd.partition(":")
+        return int(p), int(d)
+
+    @property
+    def replica_count(self) -> int:
+        split = self.pd_split
+        return sum(split) if split else self.replicas
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tp"):
@@ -101,7 +138,33 @@ class EngineConfig:
                 "engine.write_policy: write-through keeps a copy below every HBM block, "
                 "so it needs hierarchy = 'inclusive'"
             )
-        for name in ("prefetch_lead_s", "timeline_interval_s"):
+        if not isinstance(self.replicas, int) or self.replicas < 1:
+            raise ConfigError(
+                f"engine.replicas: expected a positive integer, got {self.replicas!r}"
+            )
+        if self.pd:
+            p, sep, d = self.pd.partition(":")
+            if not (sep and p.strip().isdigit() and d.strip().isdigit()):
+                raise ConfigError(f"engine.pd: expected P:D such as 1:3, got {self.pd!r}")
+            if int(p) < 1 or int(d) < 1:
+                raise ConfigError(
+                    f"engine.pd: {self.pd!r} needs at least one prefill and one decode replica"
+                )
+            if self.replicas not in (1, int(p) + int(d)):
+                raise ConfigError(
+                    f"engine.replicas: {self.replicas} disagrees with pd {self.pd!r} "
+                    f"({int(p) + int(d)} replicas); give one or the other"
+                )
+        if self.pd_threshold is not None and (
+            not isinstance(self.pd_threshold, int) or self.pd_threshold < 0
+        ):
+            raise ConfigError(
+                "engine.pd_threshold: expected a non-negative token count, "
+                f"got {self.pd_threshold!r}"
+            )
+        if not self.router.strip():
+            raise ConfigError("engine.router: expected a router name, got ''")
+        for name in ("prefetch_lead_s", "timeline_interval_s", "router_refresh_s"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not value >= 0:
                 raise ConfigError(f"engine.{name}: expected a non-negative number, got {value!r}")

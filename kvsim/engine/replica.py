@@ -23,6 +23,7 @@ import simpy
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.request import Request
 from kvsim.hardware.measured import CostModel
+from kvsim.kvcache.block_table import BlockTable
 from kvsim.kvcache.manager import KVCacheManager
 
 MAX_COALESCED_STEPS = 4096
@@ -42,6 +43,8 @@ class Replica:
         cost: CostModel,
         on_finish: Callable[[Request], None],
         index: int = 0,
+        role: str = "mixed",
+        node: int = 0,
     ) -> None:
         self.env = env
         self.config = config
@@ -49,6 +52,15 @@ class Replica:
         self.cost = cost
         self.on_finish = on_finish
         self.index = index
+        self.role = role  # "mixed", or under P/D "prefill" / "decode"
+        self.node = node
+        # a prefill replica hands each prompt on instead of decoding: nothing to coalesce
+        self.coalesce = config.coalesce_decode and role != "prefill"
+        # P/D hooks, set by the cluster: a prompt is computed here (hand it on); pull a
+        # request's prompt KV from its prefill replica (the event fires when it has arrived)
+        self.on_prefilled: Callable[[Request, BlockTable], None] | None = None
+        self.pull: Callable[[Request, int], simpy.Event] | None = None
+        self.outstanding_tokens = 0  # tokens requests here still have to compute (for routers)
         self.block_size = config.block_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -71,7 +83,17 @@ class Replica:
     # -- arrivals ----------------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
         request.arrival_s = self.env.now
+        self.enqueue(request)
+
+    def enqueue(self, request: Request) -> None:
+        """Queue a request that has already arrived (e.g. handed on by a prefill replica)."""
+        request.replica = self.index
+        self.outstanding_tokens += request.known - request.computed
         self.waiting.append(request)
+        self._notify()
+
+    def wake(self) -> None:
+        """Blocks were freed from outside the scheduler (a P/D pull finished): look again."""
         self._notify()
 
     def _notify(self) -> None:
@@ -90,7 +112,7 @@ class Replica:
                 yield self._wake
                 self._wake = None
                 continue
-            if self.config.coalesce_decode and self._decode_only():
+            if self.coalesce and self._decode_only():
                 steps = self._coalescible_steps()
                 if steps >= 2:
                     yield from self._decode_run(steps)
@@ -164,7 +186,8 @@ class Replica:
         now = self.env.now
         while waiting and budget > 0 and len(running) + len(self.loading) < max_seqs:
             req = waiting[0]
-            plan = kv.lookup(req, budget)
+            pulling = req.handoff == "decode"
+            plan = kv.lookup_pull(req) if pulling else kv.lookup(req, budget)
             hit, evictable, load, n, need = plan
             if need + evictable > pool.available:
                 break
@@ -174,6 +197,13 @@ class Replica:
                 req.cached_tokens = hit * bs
                 req.scheduled_s = now
             done = kv.admit(req, plan, now, first)
+            self.outstanding_tokens -= req.computed
+            if pulling:
+                assert self.pull is not None
+                req.load_started_s = now
+                self.loading.append(req)
+                self.pull(req, hit).callbacks.append(lambda _ev, req=req: self._pulled(req))
+                continue
             if done is not None:
                 req.load_started_s = now
                 self.loading.append(req)
@@ -188,7 +218,21 @@ class Replica:
         now = self.env.now
         req.load_wait_s += now - req.load_started_s
         self.loading.remove(req)
+        before = req.computed
         self.kv.loaded(req, end, now)
+        self.outstanding_tokens -= req.computed - before
+        self.running.append(req)
+        self._notify()
+
+    def _pulled(self, req: Request) -> None:
+        """The prompt's KV is here: decode it (a later preemption recomputes it locally)."""
+        now = self.env.now
+        req.load_wait_s += now - req.load_started_s
+        self.loading.remove(req)
+        before = req.computed
+        self.kv.pulled(req, now)
+        self.outstanding_tokens -= req.computed - before
+        req.handoff = None
         self.running.append(req)
         self._notify()
 
@@ -198,6 +242,7 @@ class Replica:
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req, self.env.now)
+        self.outstanding_tokens += req.computed
         req.preemptions += 1
         req.reset_kv()
         self.waiting.appendleft(req)
@@ -207,10 +252,16 @@ class Replica:
         now = self.env.now
         kv = self.kv
         finished = False
+        handed: list[Request] = []
         for req, n in batch:
             req.computed += n
+            self.outstanding_tokens -= n
             kv.commit(req, now)
             if req.computed == req.known:
+                if req.handoff is not None:  # a prefill replica's work is done: hand it on
+                    handed.append(req)
+                    continue
+                self.outstanding_tokens += 1
                 req.generated += 1
                 req.known += 1
                 if req.first_token_s < 0:
@@ -220,8 +271,24 @@ class Replica:
                     finished = True
         if finished:
             self.running = [r for r in self.running if r.finish_s < 0]
+        if handed:
+            self._hand_off(handed)
+
+    def _hand_off(self, handed: list[Request]) -> None:
+        """The prompts of `handed` are computed: their blocks stay pinned here until the decode
+        replica has pulled them; the cluster moves each request on."""
+        assert self.on_prefilled is not None
+        gone = set(map(id, handed))
+        self.running = [r for r in self.running if id(r) not in gone]
+        for req in handed:
+            table = req.table
+            req.table = BlockTable()
+            req.handoff = "decode"
+            req.computed = 0  # on the decode replica, until its prompt KV has arrived
+            self.on_prefilled(req, table)
 
     def _finish(self, req: Request, now: float) -> None:
+        self.outstanding_tokens -= req.known - req.computed
         req.finish_s = now
         self.kv.free(req, now)
         req.table.drop_chain()

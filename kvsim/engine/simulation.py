@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,19 +12,30 @@ import pyarrow as pa
 import simpy
 
 from kvsim.capacity import profile_capacity_report
+from kvsim.engine.cluster import Attribution, CacheView, Cluster, node_of
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.replica import Replica
 from kvsim.engine.request import Request
-from kvsim.engine.tiers import build_hierarchy, hourly_cost_usd, per_tier, resolve_profile
-from kvsim.engine.timeline import Timeline, link_report, tier_report
+from kvsim.engine.settings import resolve_settings
+from kvsim.engine.tiers import (
+    build_hierarchy,
+    build_shared_tiers,
+    fabric_link,
+    hourly_cost_usd,
+    resolve_profile,
+)
 from kvsim.errors import KvsimError
 from kvsim.hardware.measured import make_cost_model
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.kvcache import BlockPool
-from kvsim.kvcache.hierarchy import Hierarchy
+from kvsim.kvcache.link import Link
 from kvsim.kvcache.manager import KVCacheManager
+from kvsim.metrics.requests import requests_table
+from kvsim.metrics.timeline import Timeline, link_report, pd_link_report, tier_report
 from kvsim.models import ModelSpec, kv_bytes_per_block, kv_bytes_per_token
-from kvsim.policies import make_policy, parse_policy_params
+from kvsim.policies import make_policy
+from kvsim.policies.oracle import FutureUses
+from kvsim.routers import make_router, parse_router_params
 from kvsim.traces import Trace
 from kvsim.traces.blocks import batch_block_hashes, block_kinds, sequence_block_hashes
 from kvsim.traces.schema import KIND_CODES, SEGMENT_KINDS, segment_columns
@@ -43,6 +54,7 @@ class RunResult:
     wall_s: float
     num_gpu_blocks: int
     block_bytes: int
+    block_size: int
     iterations: int
     coalesced_steps: int
     busy_s: float
@@ -55,6 +67,10 @@ class RunResult:
     timeline: pa.Table | None = None
     hourly_cost_usd: dict[str, float] = field(default_factory=dict)
     prefetched_blocks: int = 0
+    replicas: list[dict[str, object]] = field(default_factory=list)
+    router: str = ""  # set for a cluster run
+    attribution: Attribution | None = None
+    pd: dict[str, int] = field(default_factory=dict)  # set for a P/D run
 
 
 def kv_blocks_for(
@@ -145,33 +161,15 @@ class _TraceRequests:
         return follows
 
 
-class FutureUses:
+def future_uses(source: _TraceRequests, block_size: int) -> FutureUses:
     """For an offline oracle (Belady): when is a block next part of an arriving prompt?
 
     Uses each request's nominal `arrival_s`; closed-loop turns arrive when the simulation says,
     so for them this is the trace's estimate, the best an oracle given the trace can know."""
-
-    def __init__(self, source: _TraceRequests, block_size: int) -> None:
-        offsets, hashes = batch_block_hashes(
-            source.seg_offsets, source.seg_hash, source.seg_tokens, block_size
-        )
-        times = np.repeat(source.arrival_s, np.diff(offsets))
-        order = np.lexsort((times, hashes))
-        self.hashes = hashes[order]
-        self.times = times[order]
-        keys, starts = np.unique(self.hashes, return_index=True)
-        ends = np.append(starts[1:], len(self.hashes))
-        self.span = dict(
-            zip(keys.tolist(), zip(starts.tolist(), ends.tolist(), strict=True), strict=True)
-        )
-
-    def __call__(self, key: int, now_s: float) -> float:
-        span = self.span.get(key)
-        if span is None:
-            return math.inf
-        lo, hi = span
-        i = lo + int(np.searchsorted(self.times[lo:hi], now_s, side="right"))
-        return float(self.times[i]) if i < hi else math.inf
+    offsets, hashes = batch_block_hashes(
+        source.seg_offsets, source.seg_hash, source.seg_tokens, block_size
+    )
+    return FutureUses(hashes, np.repeat(source.arrival_s, np.diff(offsets)))
 
 
 def simulate(
@@ -181,45 +179,32 @@ def simulate(
     config: EngineConfig,
     progress: ProgressFn | None = None,
 ) -> RunResult:
-    """Replay `trace` through one replica and return per-request results."""
+    """Replay `trace` through `config.replica_count` replicas and return per-request results."""
     wall_start = time.perf_counter()
-    profile = resolve_profile(profile, config)
+    settings = resolve_settings(config)
+    profile = resolve_profile(profile, settings)
     num_blocks, block_bytes = kv_blocks_for(model, profile, config)
     cost = make_cost_model(
         model, profile, tp=config.tp, kv_dtype=config.kv_dtype, weight_dtype=config.weight_dtype
     )
-    hbm_policy = per_tier(config.policy, "policy", "lru")["hbm"]
-    policy = make_policy(hbm_policy, parse_policy_params(config.policy_params).get(hbm_policy))
-    pool = BlockPool(num_blocks, policy, block_bytes)
+    count = config.replica_count
+    split = config.pd_split
+    roles = ["mixed"] * count if split is None else ["prefill"] * split[0] + ["decode"] * split[1]
+    router_params = parse_router_params(config.router_params).get(config.router)
+    router = make_router(config.router, router_params, random.Random(config.seed))
+    shadow = None
+    if config.router_refresh_s > 0 and config.replica_count > 1:
+        shadow = make_router(config.router, router_params, random.Random(config.seed))
     source = _TraceRequests(trace, config.block_size)
     env = simpy.Environment()
     # a block in a lower tier holds every rank's share of it
-    hierarchy = build_hierarchy(
-        env, profile, config, block_bytes * config.tp, pool.refs.__contains__
-    )
-    future = None
-    if policy.needs_future or any(t.policy.needs_future for t in hierarchy.tiers):
-        future = FutureUses(source, config.block_size)
-    describes = pool.describes
-
-    def load_chain(req: Request) -> None:
-        source.load_chain(req, describes, config.rope_reuse)
-
-    kv = KVCacheManager(
-        pool,
-        hierarchy,
-        cost,
-        block_size=config.block_size,
-        chunk_tokens=config.max_num_batched_tokens,
-        prefix_caching=config.enable_prefix_caching,
-        rope_reuse=config.rope_reuse,
-        load_chain=load_chain,
-        # re-rotating a reused token's keys reads and writes them once (an elementwise pass)
-        rerotate_s_per_token=kv_bytes_per_token(model, config.kv_dtype, config.tp)
-        / (profile.gpu.hbm_bandwidth_bytes_per_s * profile.efficiency.memory),
-        kind_names=SEGMENT_KINDS,
-        future=future,
-    )
+    tier_block_bytes = block_bytes * config.tp
+    fabric = fabric_link(env, profile, config.tp, count)
+    shared = build_shared_tiers(env, profile, config, settings, tier_block_bytes, count, fabric)
+    future: FutureUses | None = None
+    token_bytes = kv_bytes_per_token(model, config.kv_dtype, config.tp)
+    # re-rotating a reused token's keys reads and writes them once (an elementwise pass)
+    rerotate_s = token_bytes / (profile.gpu.hbm_bandwidth_bytes_per_s * profile.efficiency.memory)
     follows = source.next_turns()
     requests = [
         Request(i, int(source.input_tokens[i]), int(source.output_tokens[i]))
@@ -228,16 +213,7 @@ def simulate(
     capacity_tokens = num_blocks * config.block_size
     completed = 0
     rejected = np.zeros(source.n, dtype=bool)
-
-    def issue(req: Request) -> None:
-        if req.input_tokens + req.output_tokens > capacity_tokens:
-            # like a prompt beyond max_model_len: it can never fit, so it is refused at once
-            rejected[req.index] = True
-            req.arrival_s = env.now
-            req.finish_s = env.now
-            on_finish(req)
-            return
-        replica.submit(req)
+    replicas: list[Replica] = []
 
     def on_finish(req: Request) -> None:
         nonlocal completed
@@ -248,13 +224,84 @@ def simulate(
         if nxt is not None:
             think = float(source.think_time_s[nxt])
             env.timeout(think).callbacks.append(lambda _ev, r=requests[nxt]: issue(r))
-            if hierarchy and config.prefetch:
+            replica = replicas[req.replica]
+            if replica.hierarchy and config.prefetch:
                 # the session will continue: bring its blocks up before the next turn is due
+                # (towards the replica that served it, where a session-aware router sends it)
                 lead = max(think - config.prefetch_lead_s, 0.0)
                 env.timeout(lead).callbacks.append(lambda _ev, r=requests[nxt]: replica.prefetch(r))
 
-    replica = Replica(env, config, kv, cost, on_finish)
-    timeline = Timeline(env, replica, hierarchy, config.timeline_interval_s)
+    for index, role in enumerate(roles):
+        policy = make_policy(settings.policies["hbm"], settings.params_of("hbm"))
+        pool = BlockPool(num_blocks, policy, block_bytes)
+        hierarchy = build_hierarchy(
+            env, profile, config, settings, tier_block_bytes, pool.refs.__contains__, shared
+        )
+        if future is None and (
+            policy.needs_future or any(t.policy.needs_future for t in hierarchy.tiers)
+        ):
+            future = future_uses(source, config.block_size)
+        describes = pool.describes
+
+        def load_chain(req: Request, describes: bool = describes) -> None:
+            source.load_chain(req, describes, config.rope_reuse)
+
+        kv = KVCacheManager(
+            pool,
+            hierarchy,
+            cost,
+            block_size=config.block_size,
+            chunk_tokens=config.max_num_batched_tokens,
+            prefix_caching=config.enable_prefix_caching,
+            rope_reuse=config.rope_reuse,
+            load_chain=load_chain,
+            rerotate_s_per_token=rerotate_s,
+            kind_names=SEGMENT_KINDS,
+            future=future,
+        )
+        node = node_of(index, config.tp, profile.gpus_per_node)
+        replicas.append(Replica(env, config, kv, cost, on_finish, index, role, node))
+
+    view = CacheView(env, replicas, cost, config.max_num_batched_tokens, config.router_refresh_s)
+    nvlink_bytes_per_s = profile.gpu.interconnect_bandwidth_bytes_per_s * config.tp
+    hbm_latency_s = profile.tier("hbm").latency_s
+    nvlinks = {
+        i: Link(env, f"nvlink{i}", nvlink_bytes_per_s, nvlink_bytes_per_s, hbm_latency_s)
+        for i, role in enumerate(roles)
+        if role == "prefill"
+    }
+    cluster = Cluster(
+        env,
+        replicas,
+        router,
+        view,
+        session_of=source.session_id,
+        block_size=config.block_size,
+        pd_split=split,
+        pd_threshold=config.pd_threshold,
+        kv_bytes_per_token=token_bytes * config.tp,
+        fabric=fabric,
+        nvlinks=nvlinks,
+        attribution=Attribution(source.n),
+        shadow=shadow,
+    )
+    one = replicas[0] if count == 1 else None
+
+    def issue(req: Request) -> None:
+        if req.input_tokens + req.output_tokens > capacity_tokens:
+            # like a prompt beyond max_model_len: it can never fit, so it is refused at once
+            rejected[req.index] = True
+            req.arrival_s = env.now
+            req.finish_s = env.now
+            on_finish(req)
+            return
+        if one is not None:
+            cluster.attribute_alone(req)
+            one.submit(req)
+        else:
+            cluster.route(req)
+
+    timeline = Timeline(env, replicas, config.timeline_interval_s)
 
     def arrivals():
         order = np.flatnonzero(~source.closed_loop)
@@ -265,79 +312,64 @@ def simulate(
                 yield env.timeout(delay)
             issue(requests[i])
 
+    def refreshes():
+        while completed < source.n:
+            yield env.timeout(config.router_refresh_s)
+            view.refresh()
+
     env.process(arrivals())
     env.process(timeline.sample(lambda: completed >= source.n))
+    if view.stale:
+        env.process(refreshes())
     env.run()
     wall_s = time.perf_counter() - wall_start
-    table = _requests_table(source, requests, rejected, hierarchy)
+    is_cluster = count > 1
+    table = requests_table(
+        source, requests, rejected, replicas[0].kv.hierarchy, cluster=is_cluster, pd=bool(split)
+    )
     first = float(np.min(source.arrival_s)) if source.n else 0.0
     finished = [r.finish_s for r in requests if r.finish_s >= 0]
     end = max(finished) if finished else first
+    hierarchies = [r.kv.hierarchy for r in replicas if r.kv.hierarchy is not None]
+    links = link_report(hierarchies)
+    if split is not None:
+        links.update(pd_link_report(fabric, list(nvlinks.values()), links))
     return RunResult(
         requests=table,
         simulated_s=max(end - first, 0.0),
         wall_s=wall_s,
         num_gpu_blocks=num_blocks,
         block_bytes=block_bytes,
-        iterations=replica.iterations,
-        coalesced_steps=replica.coalesced_steps,
-        busy_s=replica.busy_s,
-        block_ops=kv.block_ops,
-        evictions=pool.stats.evictions,
+        block_size=config.block_size,
+        iterations=sum(r.iterations for r in replicas),
+        coalesced_steps=sum(r.coalesced_steps for r in replicas),
+        busy_s=sum(r.busy_s for r in replicas) / count,
+        block_ops=sum(r.kv.block_ops for r in replicas),
+        evictions=sum(r.pool.stats.evictions for r in replicas),
         cost_model=cost.kind,
         cost_model_reason=cost.reason,
-        tiers=tier_report(hierarchy, block_bytes * config.tp),
-        links=link_report(hierarchy),
+        tiers=tier_report(hierarchies, tier_block_bytes),
+        links=links,
         timeline=timeline.table(),
-        hourly_cost_usd=hourly_cost_usd(profile, config),
-        prefetched_blocks=kv.prefetched_blocks,
+        hourly_cost_usd=hourly_cost_usd(profile, config, count),
+        prefetched_blocks=sum(r.kv.prefetched_blocks for r in replicas),
+        replicas=[replica_stats(r) for r in replicas],
+        router=config.router if is_cluster else "",
+        attribution=cluster.attribution,
+        pd={"local_prefills": cluster.local_prefills, "disaggregated": cluster.disaggregated}
+        if split
+        else {},
     )
 
 
-def _requests_table(
-    source: _TraceRequests, requests: list[Request], rejected: np.ndarray, hierarchy: Hierarchy
-) -> pa.Table:
-    def col(name: str, dtype=np.float64) -> np.ndarray:
-        return np.fromiter((getattr(r, name) for r in requests), dtype=dtype, count=len(requests))
-
-    arrival = col("arrival_s")
-    first = col("first_token_s")
-    finish = col("finish_s")
-    scheduled = col("scheduled_s")
-    output = source.output_tokens
-    done = (finish >= 0) & ~rejected
-    nan = np.full(len(requests), math.nan)
-    ttft = np.where(done, first - arrival, nan)
-    e2e = np.where(done, finish - arrival, nan)
-    tpot = np.where(done & (output > 1), (finish - first) / np.maximum(output - 1, 1), nan)
-    status = np.where(rejected, "rejected", np.where(done, "completed", "unfinished"))
-    return pa.table(
-        {
-            "request_id": source.request_id,
-            "session_id": source.session_id,
-            "turn": source.turn,
-            "status": status,
-            "arrival_s": arrival,
-            "scheduled_s": np.where(scheduled >= 0, scheduled, nan),
-            "first_token_s": np.where(done, first, nan),
-            "finish_s": np.where(done, finish, nan),
-            "ttft_s": ttft,
-            "tpot_s": tpot,
-            "e2e_s": e2e,
-            "input_tokens": source.input_tokens,
-            "cached_tokens": np.maximum(col("cached_tokens", np.int64), 0),
-            "output_tokens": output,
-            "preemptions": col("preemptions", np.int64),
-            "recomputed_tokens": col("recomputed_tokens", np.int64),
-            "load_wait_s": col("load_wait_s"),
-            "rope_reused_tokens": col("rope_tokens", np.int64),
-            **{
-                f"{tier.name}_tokens": np.fromiter(
-                    (r.lower_tokens[tier.index] if r.lower_tokens else 0 for r in requests),
-                    dtype=np.int64,
-                    count=len(requests),
-                )
-                for tier in hierarchy.tiers
-            },
-        }
-    )
+def replica_stats(replica: Replica) -> dict[str, object]:
+    """What one replica did, for the per-replica part of the summary."""
+    return {
+        "replica": replica.index,
+        "role": replica.role,
+        "node": replica.node,
+        "iterations": replica.iterations,
+        "busy_s": replica.busy_s,
+        "evicted_blocks": replica.pool.stats.evictions,
+        "prefetched_blocks": replica.kv.prefetched_blocks,
+    }

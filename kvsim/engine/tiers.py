@@ -2,10 +2,13 @@
 
 A replica of `tp` GPUs gets `tp / gpus_per_node` of each node-local tier (its share of the
 node's DRAM, CXL and NVMe, an assumption: replicas on a node split them evenly) and the
-bandwidth of its own GPUs' paths (per-GPU figures x tp; per-node figures x the same share). A
-shared tier (RDMA pool, parallel filesystem) is split further among the `shared_by_nodes` nodes
-that use it, so each replica sees its fair share of the pool's capacity; bandwidth is the node's
-own path to the pool (NIC or client), which is what limits one node.
+bandwidth of its own GPUs' paths (per-GPU figures x tp; per-node figures x the same share).
+
+A shared tier (RDMA pool, parallel filesystem) is one object for the whole cluster: its capacity
+is the cluster's share of a pool that `shared_by_nodes` nodes use (each replica's share, summed),
+and its bandwidth is one link as wide as the cluster's paths to it (NICs or clients) together,
+so one node's remote reads slow the others'. A replica may burst above its own NIC's share when
+the others are idle (an assumption: the link has no per-node cap).
 """
 
 from __future__ import annotations
@@ -13,54 +16,20 @@ from __future__ import annotations
 import simpy
 
 from kvsim.engine.config import EngineConfig
-from kvsim.errors import ConfigError, UnknownNameError
+from kvsim.engine.settings import TierSettings
 from kvsim.hardware.profile import HardwareProfile, TierSpec, with_overrides
-from kvsim.kvcache.hierarchy import ADMISSIONS, Hierarchy, LowerTier
+from kvsim.kvcache.hierarchy import Hierarchy, LowerTier
 from kvsim.kvcache.link import Link
-from kvsim.policies import make_policy, parse_policy_params
+from kvsim.policies import make_policy
 
-TIER_ORDER = ("hbm", "dram", "cxl", "nvme", "rdma", "pfs")
-
-
-def per_tier(text: str, option: str, default: str) -> dict[str, str]:
-    """'lru' -> every tier 'lru'; 'hbm=lru,dram=arc' -> those tiers, `default` for the rest."""
-    text = text.strip()
-    if "=" not in text:
-        return dict.fromkeys(TIER_ORDER, text or default)
-    out = dict.fromkeys(TIER_ORDER, default)
-    for part in text.split(","):
-        name, sep, value = part.partition("=")
-        name, value = name.strip(), value.strip()
-        if not sep or not value:
-            raise ConfigError(f"{option}: expected NAME=VALUE pairs, got {part!r}")
-        if name not in TIER_ORDER:
-            raise UnknownNameError("tier", name, list(TIER_ORDER))
-        out[name] = value
-    return out
+SHARED_TIERS = ("rdma", "pfs")  # one pool for the whole cluster: one capacity, one link
 
 
-def resolve_profile(profile: HardwareProfile, config: EngineConfig) -> HardwareProfile:
-    """The profile with the config's tier selection and capacity overrides applied."""
-    tiers = None
-    if config.tiers:
-        names = [t.strip() for t in config.tiers.split(",") if t.strip()]
-        tiers = list(TIER_ORDER) if names == ["all"] else names
-    capacities = None
-    if config.tier_capacity.strip():
-        capacities = {}
-        for part in config.tier_capacity.split(","):
-            name, sep, size = part.partition("=")
-            if not sep:
-                raise ConfigError(f"tier capacity: expected NAME=SIZE, got {part!r}")
-            if name.strip() == "hbm":
-                raise ConfigError(
-                    "tier capacity hbm: HBM for KV follows from the GPU and the model; "
-                    "use --num-gpu-blocks to set it"
-                )
-            capacities[name.strip()] = size.strip()
-    if tiers is None and capacities is None:
+def resolve_profile(profile: HardwareProfile, settings: TierSettings) -> HardwareProfile:
+    """The profile with the run's tier selection and capacity overrides applied."""
+    if settings.tiers is None and settings.capacities is None:
         return profile
-    return with_overrides(profile, tiers=tiers, capacities=capacities)
+    return with_overrides(profile, tiers=settings.tiers, capacities=settings.capacities)
 
 
 def replica_share(profile: HardwareProfile, tier: TierSpec, tp: int) -> float:
@@ -68,39 +37,78 @@ def replica_share(profile: HardwareProfile, tier: TierSpec, tp: int) -> float:
     return tp / profile.gpus_per_node / max(tier.shared_by_nodes, 1)
 
 
-def _bandwidths(profile: HardwareProfile, tier: TierSpec, tp: int) -> tuple[float, float]:
-    """The replica's share of the node's bandwidth to `tier`: its tp GPUs' paths."""
+def _bandwidths(profile: HardwareProfile, tier: TierSpec, gpus_used: int) -> tuple[float, float]:
+    """The share of the node's bandwidth to `tier` that `gpus_used` GPUs' paths give."""
     gpus = profile.gpus_per_node
-    share = tp / gpus
+    share = gpus_used / gpus
     return (
         tier.node_read_bandwidth_bytes_per_s(gpus) * share,
         tier.node_write_bandwidth_bytes_per_s(gpus) * share,
     )
 
 
-def _link(env: simpy.Environment, profile: HardwareProfile, tier: TierSpec, tp: int) -> Link:
-    read, write = _bandwidths(profile, tier, tp)
+def _link(env: simpy.Environment, profile: HardwareProfile, tier: TierSpec, gpus_used: int) -> Link:
+    read, write = _bandwidths(profile, tier, gpus_used)
     return Link(env, tier.name, read, write, tier.latency_s)
+
+
+def fabric_link(env: simpy.Environment, profile: HardwareProfile, tp: int, replicas: int) -> Link:
+    """The cluster's one inter-node fabric: every node's NICs (the rdma tier's per-node
+    bandwidth, tp/gpus_per_node of a node per replica) pooled into one processor-sharing link,
+    so remote-pool reads, write-backs, prefetches and P/D hand-offs all slow each other."""
+    return _link(env, profile, profile.tier("rdma"), tp * replicas)
+
+
+def build_shared_tiers(
+    env: simpy.Environment,
+    profile: HardwareProfile,
+    config: EngineConfig,
+    settings: TierSettings,
+    block_bytes: int,
+    replicas: int,
+    fabric: Link,
+) -> dict[str, LowerTier]:
+    """The enabled shared tiers, built once: the cluster's share of the pool (each replica's
+    share, summed, at most the whole pool) behind one link. rdma rides the fabric."""
+    out: dict[str, LowerTier] = {}
+    where: dict[int, int] = {}  # one placement map for every shared tier
+    for spec in profile.tiers:
+        if spec.name not in SHARED_TIERS or not spec.enabled:
+            continue
+        share = min(replicas * replica_share(profile, spec, config.tp), 1.0)
+        link = fabric if spec.name == "rdma" else _link(env, profile, spec, config.tp * replicas)
+        out[spec.name] = LowerTier(
+            name=spec.name,
+            index=-1,  # set by each hierarchy: the same in all, since all enable the same tiers
+            capacity_blocks=int(spec.capacity_bytes * share // block_bytes),
+            policy=make_policy(settings.policies[spec.name], settings.params_of(spec.name)),
+            link=link,
+            admission=settings.admissions[spec.name],
+            where=where,
+        )
+    return out
 
 
 def build_hierarchy(
     env: simpy.Environment,
     profile: HardwareProfile,
     config: EngineConfig,
+    settings: TierSettings,
     block_bytes: int,
     in_hbm,
+    shared: dict[str, LowerTier],
 ) -> Hierarchy:
-    """The enabled tiers below HBM, each with its policy, admission rule and link."""
-    policies = per_tier(config.policy, "policy", "lru")
-    params = parse_policy_params(config.policy_params)
-    admissions = per_tier(config.admission, "admission", "all")
-    for name, rule in admissions.items():
-        if rule not in ADMISSIONS:
-            raise ConfigError(f"admission {name}={rule}: expected one of {', '.join(ADMISSIONS)}")
+    """One replica's enabled tiers below HBM, each with its policy, admission rule and link;
+    node-local tiers are its own share, `shared` ones are the cluster's."""
     tiers: list[LowerTier] = []
     links: dict[str, Link] = {}
     for spec in profile.tiers:
         if spec.name == "hbm" or not spec.enabled:
+            continue
+        if spec.name in shared:
+            tier = shared[spec.name]
+            tier.index = len(tiers)
+            tiers.append(tier)
             continue
         blocks = int(spec.capacity_bytes * replica_share(profile, spec, config.tp) // block_bytes)
         link = links[spec.name] = _link(env, profile, spec, config.tp)
@@ -113,9 +121,9 @@ def build_hierarchy(
                 name=spec.name,
                 index=len(tiers),
                 capacity_blocks=blocks,
-                policy=make_policy(policies[spec.name], params.get(policies[spec.name])),
+                policy=make_policy(settings.policies[spec.name], settings.params_of(spec.name)),
                 link=link,
-                admission=admissions[spec.name],
+                admission=settings.admissions[spec.name],
                 bounce=bounce,
             )
         )
@@ -129,11 +137,15 @@ def build_hierarchy(
     )
 
 
-def hourly_cost_usd(profile: HardwareProfile, config: EngineConfig) -> dict[str, float]:
-    """$ per hour of the replica: its GPUs, and its share of each enabled tier below HBM."""
-    out = {"gpu": profile.gpu_usd_per_hour * config.tp}
+def hourly_cost_usd(
+    profile: HardwareProfile, config: EngineConfig, replicas: int = 1
+) -> dict[str, float]:
+    """$ per hour of the replicas: their GPUs, their shares of each node-local tier below HBM,
+    and the cluster's share of each shared tier."""
+    out = {"gpu": profile.gpu_usd_per_hour * config.tp * replicas}
     for spec in profile.tiers:
         if spec.name != "hbm" and spec.enabled:
-            gigabytes = spec.capacity_bytes * replica_share(profile, spec, config.tp) / 1e9
-            out[spec.name] = gigabytes * spec.usd_per_gb_hour
+            share = replica_share(profile, spec, config.tp)
+            share = min(replicas * share, 1.0) if spec.name in SHARED_TIERS else replicas * share
+            out[spec.name] = spec.capacity_bytes * share / 1e9 * spec.usd_per_gb_hour
     return out

@@ -76,6 +76,9 @@ class BlockPool:
         # write-through computed ones too
         self.on_evict: Callable[[list[int]], None] | None = None
         self.on_register: Callable[[list[int]], None] | None = None
+        # set when a router sees stale snapshots: (cached?, keys) for every change, replayed
+        # into the router's copy at each refresh
+        self.journal: list[tuple[bool, list[int]]] | None = None
 
     def describe(self, kinds: Sequence[int] | None, request_tokens: int) -> None:
         """Name the request whose blocks the next calls hand over (for policies that read it)."""
@@ -131,6 +134,8 @@ class BlockPool:
             self.stats.evictions += count
             if self.on_evict is not None:
                 self.on_evict(victims)
+            if self.journal is not None:
+                self.journal.append((False, victims))
         return True
 
     def register(self, hashes: list[int], start: int, end: int, now_s: float) -> list[int]:
@@ -156,6 +161,8 @@ class BlockPool:
             refs.update((hashes[p], 1) for p in fresh)
         if self.on_register is not None and fresh:
             self.on_register([hashes[p] for p in fresh])
+        if self.journal is not None and fresh:
+            self.journal.append((True, [hashes[p] for p in fresh]))
         return fresh
 
     def release(self, hashes: list[int], positions: list[int], uncached: int, now_s: float) -> None:

@@ -31,7 +31,8 @@ class BlockTable:
         # position-independent reuse: (start, end, hash) of reusable segments, and the token
         # ranges this admission takes from cached copies elsewhere
         self.pic_segments: list[tuple[int, int, int]] | None = None
-        self.hit_memo: tuple[int, int, int, int] | None = None  # (pool version, limit, hit, ev)
+        # (pool, its version, limit, hit, evictable) of the last prefix lookup
+        self.hit_memo: tuple[object, int, int, int, int] | None = None
         self.reset()
 
     def reset(self) -> None:

@@ -14,6 +14,9 @@ instance (STYLE habit 2); each has one `Link` to HBM, shared by loads and write-
   within a window as large as the tier, a doorkeeper that keeps one-time blocks out).
 - Space for a write is reserved when the write starts, so no tier ever holds more than its
   capacity, even counting blocks in flight.
+- Shared tiers (a cluster's RDMA pool or parallel filesystem) are one `LowerTier` in every
+  replica's hierarchy, with one placement map (`LowerTier.where`) that all of them read: a block
+  one node writes there, every node finds. A block already in a shared tier is not written again.
 
 Byte conservation, which the tests check:
     written into tiers = resident + dropped from the last tier + removed by exclusive loads
@@ -75,9 +78,14 @@ class LowerTier:
     incoming: int = 0  # blocks reserved by writes in flight
     doorkeeper: dict[int, None] = field(default_factory=dict)
     stats: TierStats = field(default_factory=TierStats)
+    # placement map: the replica's own for node-local tiers (set by the hierarchy), one for the
+    # whole cluster for a shared tier (given at construction)
+    where: dict[int, int] | None = None
+    shared: bool = False
 
     def __post_init__(self) -> None:
         self.policy.set_capacity(self.capacity_blocks)
+        self.shared = self.where is not None
 
     @property
     def used(self) -> int:
@@ -119,6 +127,14 @@ class Hierarchy:
         # block hash -> t (its copy is in tier t) or ~t (it is being written into tier t): one
         # dict for both, so a lookup or a "not yet below" filter is a single C-level pass
         self.where: dict[int, int] = {}
+        shared = [t for t in tiers if t.shared]
+        # a cluster's shared tiers keep their own placement map, read after this replica's
+        self.shared_where: dict[int, int] | None = shared[0].where if shared else None
+        for tier in tiers:
+            if not tier.shared:
+                tier.where = self.where
+            else:
+                assert tier.where is self.shared_where, "shared tiers share one placement map"
         self.info = BlockInfo(size_bytes=block_bytes)
 
     def __bool__(self) -> bool:
@@ -128,8 +144,20 @@ class Hierarchy:
     def chain(self, hashes: list[int], start: int, limit: int) -> list[int]:
         """Tier index of each block `start, start+1, ...` of a chain found below HBM, up to the
         first block found nowhere (a block whose prefix is missing is useless)."""
-        lookups = map(self.where.get, islice(hashes, start, limit), repeat(-1))
-        return list(takewhile(_landed_tier, lookups))
+        shared = self.shared_where
+        if shared is None:
+            lookups = map(self.where.get, islice(hashes, start, limit), repeat(-1))
+            return list(takewhile(_landed_tier, lookups))
+        local = self.where
+        out = []
+        for key in islice(hashes, start, limit):
+            t = local.get(key, -1)
+            if t < 0:
+                t = shared.get(key, -1)
+                if t < 0:
+                    break
+            out.append(t)
+        return out
 
     def load_estimate_s(self, tiers: list[int]) -> np.ndarray:
         """Cumulative seconds to load the first 1, 2, ... of these blocks, on the links as they
@@ -217,11 +245,14 @@ class Hierarchy:
         if not self.tiers:
             return
         where = self.where
+        shared = self.shared_where
         if self.write_through:
             self._write(0, self._not_below(keys))
         elif not self.inclusive:
             for key in keys:
                 t = where.get(key, -1)
+                if t < 0 and shared is not None:
+                    t = shared.get(key, -1)
                 if t < 0:
                     continue
                 tier = self.tiers[t]
@@ -232,7 +263,10 @@ class Hierarchy:
 
     def _not_below(self, keys: list[int]) -> list[int]:
         """The keys no tier holds or is being written (so a block is never written twice)."""
-        return list(filterfalse(self.where.__contains__, keys))
+        out = list(filterfalse(self.where.__contains__, keys))
+        if self.shared_where is not None:
+            out = list(filterfalse(self.shared_where.__contains__, out))
+        return out
 
     def _write(self, start: int, keys: list[int]) -> None:
         """Write `keys` into the first tier from `start` down that admits each; one transfer
@@ -256,6 +290,10 @@ class Hierarchy:
         # blocks no tier admitted are simply gone, as from an HBM-only replica
 
     def _store(self, tier: LowerTier, keys: list[int]) -> None:
+        where = tier.where
+        assert where is not None
+        if tier.shared:  # another node may have put it there already
+            keys = list(filterfalse(where.__contains__, keys))
         overflow = tier.used + len(keys) - tier.capacity_blocks
         if overflow > 0:
             self._make_room(tier, overflow)
@@ -267,23 +305,25 @@ class Hierarchy:
             return
         tier.incoming += len(keys)
         tier.stats.written_in += len(keys)
-        self.where.update(dict.fromkeys(keys, ~tier.index))
+        where.update(dict.fromkeys(keys, ~tier.index))
         done = tier.link.transfer(len(keys) * self.block_bytes, write=True)
         done.callbacks.append(lambda _ev: self._landed(tier, keys))
 
     def _landed(self, tier: LowerTier, keys: list[int]) -> None:
+        where = tier.where
+        assert where is not None
         tier.incoming -= len(keys)
         self.info.now_s = self.env.now
         if not self.inclusive:
             back = [k for k in keys if self.in_hbm(k)]
             if back:
                 # back in HBM before its copy landed: keeping it would put it in two tiers
-                consume(map(self.where.__delitem__, back))
+                consume(map(where.__delitem__, back))
                 tier.stats.superseded += len(back)
                 gone = set(back)
                 keys = [k for k in keys if k not in gone]
         tier.resident += len(keys)
-        self.where.update(dict.fromkeys(keys, tier.index))
+        where.update(dict.fromkeys(keys, tier.index))
         if self.info.future is None:
             zeros = [0] * len(keys)
             tier.policy.add_many(keys, zeros, zeros, self.info)
@@ -302,7 +342,7 @@ class Hierarchy:
         evictable = len(tier.policy)
         victims = tier.policy.evict(min(count, evictable)) if evictable else []
         tier.resident -= len(victims)
-        consume(map(self.where.__delitem__, victims))
+        consume(map(tier.where.__delitem__, victims))  # type: ignore[union-attr]
         if not victims:
             return
         below = tier.index + 1
@@ -314,7 +354,7 @@ class Hierarchy:
 
     def _remove(self, tier: LowerTier, key: int) -> None:
         tier.resident -= 1
-        del self.where[key]
+        del tier.where[key]  # type: ignore[index]
         tier.policy.forget(key)
 
     # -- checks ----------------------------------------------------------------------------------
@@ -322,11 +362,13 @@ class Hierarchy:
         """Assert capacity, placement and conservation invariants (tests call this)."""
         landed = [0] * len(self.tiers)
         incoming = [0] * len(self.tiers)
-        for t in self.where.values():
-            if t >= 0:
-                landed[t] += 1
-            else:
-                incoming[~t] += 1
+        maps = [self.where] if self.shared_where is None else [self.where, self.shared_where]
+        for where in maps:
+            for t in where.values():
+                if t >= 0:
+                    landed[t] += 1
+                else:
+                    incoming[~t] += 1
         for tier in self.tiers:
             assert 0 <= tier.used <= tier.capacity_blocks, (tier.name, tier.used)
             assert (tier.resident, tier.incoming) == (landed[tier.index], incoming[tier.index])
@@ -339,4 +381,4 @@ class Hierarchy:
                 + s.removed_exclusive
                 + s.superseded
             ), (tier.name, s, tier.resident, tier.incoming)
-            assert all(k in self.where for k in tier.pinned)
+            assert all(k in tier.where for k in tier.pinned)  # type: ignore[operator]

@@ -17,6 +17,7 @@ import simpy
 from kvsim.engine.request import Request
 from kvsim.hardware.measured import CostModel
 from kvsim.kvcache.block_pool import BlockPool
+from kvsim.kvcache.block_table import BlockTable
 from kvsim.kvcache.hierarchy import Hierarchy
 from kvsim.policies.base import FutureFn
 
@@ -84,11 +85,14 @@ class KVCacheManager:
         assert table.hashes is not None
         # at least one token must be computed to sample from, as in vLLM
         limit = min((req.known - 1) // self.block_size, len(table.hashes))
+        pool = self.pool
         memo = table.hit_memo
-        if memo is not None and memo[0] == self.pool.version and memo[1] == limit:
-            return memo[2], memo[3]  # a queued request re-checked before the cache changed
-        hit, evictable = self.pool.cached_prefix(table.hashes, limit)
-        table.hit_memo = (self.pool.version, limit, hit, evictable)
+        # a queued request re-checked before this replica's cache changed (a memo taken on
+        # another replica's pool, by a prefetch there, does not count)
+        if memo is not None and memo[0] is pool and memo[1] == pool.version and memo[2] == limit:
+            return memo[3], memo[4]
+        hit, evictable = pool.cached_prefix(table.hashes, limit)
+        table.hit_memo = (pool, pool.version, limit, hit, evictable)
         return hit, evictable
 
     def lookup(self, req: Request, budget: int) -> AdmitPlan:
@@ -206,9 +210,10 @@ class KVCacheManager:
         if table.pic_segments:
             self._record_segments(req)
 
-    def free(self, req: Request, now_s: float) -> None:
-        """Release every block the request holds (its cached ones stay cached, deepest first)."""
-        table = req.table
+    def free(self, req: Request, now_s: float, table: BlockTable | None = None) -> None:
+        """Release every block the request holds (its cached ones stay cached, deepest first);
+        `table` when it is not the request's current one (a prefill replica's, after hand-off)."""
+        table = table if table is not None else req.table
         assert table.hashes is not None
         uncached = table.held_blocks - len(table.held_cached)
         pool = self.pool
@@ -216,6 +221,28 @@ class KVCacheManager:
             pool.describe(table.kinds, req.input_tokens)
         pool.release(table.hashes, table.held_cached, uncached, now_s)
         self.block_ops += table.held_blocks
+
+    # -- prefill/decode hand-off ----------------------------------------------------------------
+    def lookup_pull(self, req: Request) -> AdmitPlan:
+        """How a request whose prompt a prefill replica computed would be admitted here: the
+        local prefix hit is kept, every other prompt block is pulled (nothing is computed)."""
+        hit, evictable = self.prefix_hit(req)
+        return hit, evictable, [], 0, self._blocks_for(req.input_tokens) - hit
+
+    def pulled(self, req: Request, now_s: float) -> None:
+        """The prompt's KV arrived: cache its full blocks; the last prompt token is left to the
+        first decode step, which samples the first token (as vLLM's connector does)."""
+        pool = self.pool
+        table = req.table
+        assert table.hashes is not None
+        end = min(req.input_tokens // self.block_size, len(table.hashes))
+        if end > table.processed_blocks:
+            if pool.reports_misses:
+                pool.describe(table.kinds, req.input_tokens)
+            table.held_cached += pool.register(table.hashes, table.processed_blocks, end, now_s)
+            self.block_ops += end - table.processed_blocks
+            table.processed_blocks = end
+        req.computed = req.input_tokens - 1
 
     # -- prefetch ---------------------------------------------------------------------------
     def prefetch(self, req: Request, reserved_blocks: int, then: Callable[[], None]) -> None:

@@ -1,27 +1,50 @@
-"""What the replica and its memory tiers look like over simulated time, and in total.
+"""What the replicas and their memory tiers look like over simulated time, and in total.
 
 The timeline is sampled by one SimPy process at a fixed simulated interval (no per-token or
-per-block events), kept in Python lists and turned into Arrow once at the end.
+per-block events), kept in Python lists and turned into Arrow once at the end. Cluster columns
+are totals over replicas (a shared tier counted once; a link's busy fraction averaged over the
+replicas' links to that tier); a cluster run adds each replica's queue and HBM occupancy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import pyarrow as pa
 import simpy
 
-from kvsim.kvcache.hierarchy import Hierarchy
+from kvsim.kvcache.hierarchy import Hierarchy, LowerTier
+from kvsim.kvcache.link import Link
+
+
+def _distinct_tiers(hierarchies: Iterable[Hierarchy]) -> dict[str, list[LowerTier]]:
+    """Tier name -> its tier objects (one per replica, or the one a cluster shares)."""
+    out: dict[str, list[LowerTier]] = {}
+    seen: set[int] = set()
+    for hierarchy in hierarchies:
+        for tier in hierarchy.tiers:
+            if id(tier) not in seen:
+                seen.add(id(tier))
+                out.setdefault(tier.name, []).append(tier)
+    return out
+
+
+def _distinct_links(tiers: list[LowerTier]) -> list[Link]:
+    links: dict[int, Link] = {}
+    for tier in tiers:
+        links.setdefault(id(tier.link), tier.link)
+    return list(links.values())
 
 
 class Timeline:
     """Samples queue lengths, HBM and tier occupancy, and link busy fractions."""
 
-    def __init__(self, env: simpy.Environment, replica, hierarchy: Hierarchy, interval_s: float):
+    def __init__(self, env: simpy.Environment, replicas: list, interval_s: float) -> None:
         self.env = env
-        self.replica = replica
-        self.hierarchy = hierarchy
+        self.replicas = replicas
         self.interval_s = interval_s
+        self.tiers = _distinct_tiers(r.hierarchy for r in replicas if r.hierarchy is not None)
+        self.links = {name: _distinct_links(tiers) for name, tiers in self.tiers.items()}
         self.columns: dict[str, list[float]] = {
             "time_s": [],
             "running": [],
@@ -30,10 +53,15 @@ class Timeline:
             "hbm_used_blocks": [],
             "hbm_cached_blocks": [],
         }
-        for tier in hierarchy.tiers:
-            self.columns[f"{tier.name}_blocks"] = []
-            self.columns[f"{tier.name}_link_busy"] = []
-        self._busy = {tier.name: 0.0 for tier in hierarchy.tiers}
+        for name in self.tiers:
+            self.columns[f"{name}_blocks"] = []
+            self.columns[f"{name}_link_busy"] = []
+        self.per_replica = len(replicas) > 1
+        if self.per_replica:
+            for r in replicas:
+                for what in ("waiting", "running", "hbm_used_blocks"):
+                    self.columns[f"r{r.index}_{what}"] = []
+        self._busy = {id(link): 0.0 for links in self.links.values() for link in links}
 
     def sample(self, finished: Callable[[], bool]):
         """A SimPy process: one sample per interval until every request has finished."""
@@ -45,54 +73,78 @@ class Timeline:
 
     def _record(self) -> None:
         c = self.columns
-        r = self.replica
+        replicas = self.replicas
         c["time_s"].append(self.env.now)
-        c["running"].append(len(r.running))
-        c["waiting"].append(len(r.waiting))
-        c["loading"].append(len(r.loading))
-        c["hbm_used_blocks"].append(r.pool.used)
-        c["hbm_cached_blocks"].append(len(r.pool.refs))
-        for tier in self.hierarchy.tiers:
-            c[f"{tier.name}_blocks"].append(tier.resident)
-            busy = tier.link.stats.busy_s
-            c[f"{tier.name}_link_busy"].append(
-                min((busy - self._busy[tier.name]) / self.interval_s, 1.0)
-            )
-            self._busy[tier.name] = busy
+        c["running"].append(sum(len(r.running) for r in replicas))
+        c["waiting"].append(sum(len(r.waiting) for r in replicas))
+        c["loading"].append(sum(len(r.loading) for r in replicas))
+        c["hbm_used_blocks"].append(sum(r.pool.used for r in replicas))
+        c["hbm_cached_blocks"].append(sum(len(r.pool.refs) for r in replicas))
+        for name, tiers in self.tiers.items():
+            c[f"{name}_blocks"].append(sum(t.resident for t in tiers))
+            links = self.links[name]
+            busy = 0.0
+            for link in links:
+                now_busy = link.stats.busy_s
+                busy += min((now_busy - self._busy[id(link)]) / self.interval_s, 1.0)
+                self._busy[id(link)] = now_busy
+            c[f"{name}_link_busy"].append(busy / len(links))
+        if self.per_replica:
+            for r in replicas:
+                c[f"r{r.index}_waiting"].append(len(r.waiting))
+                c[f"r{r.index}_running"].append(len(r.running) + len(r.loading))
+                c[f"r{r.index}_hbm_used_blocks"].append(r.pool.used)
 
     def table(self) -> pa.Table:
         return pa.table(self.columns)
 
 
-def tier_report(hierarchy: Hierarchy, block_bytes: int) -> dict[str, dict[str, float]]:
-    """Per lower tier: capacity, occupancy, bytes in and out, tokens served, evictions."""
+def tier_report(hierarchies: list[Hierarchy], block_bytes: int) -> dict[str, dict[str, float]]:
+    """Per lower tier, over the cluster: capacity, occupancy, bytes in and out, tokens served,
+    evictions (a node-local tier summed over replicas, a shared one counted once)."""
     out: dict[str, dict[str, float]] = {}
-    for tier in hierarchy.tiers:
-        s = tier.stats
-        out[tier.name] = {
-            "capacity_blocks": tier.capacity_blocks,
-            "resident_blocks": tier.resident,
-            "peak_resident_blocks": s.resident_peak,
-            "bytes_written": s.written_in * block_bytes,
-            "bytes_read": s.loaded_out * block_bytes,
-            "served_tokens": s.served_tokens,
-            "demoted_blocks": s.demoted_out,
-            "dropped_blocks": s.dropped,
-            "refused_blocks": s.refused,
+    for name, tiers in _distinct_tiers(hierarchies).items():
+        stats = [t.stats for t in tiers]
+        out[name] = {
+            "capacity_blocks": sum(t.capacity_blocks for t in tiers),
+            "resident_blocks": sum(t.resident for t in tiers),
+            "peak_resident_blocks": sum(s.resident_peak for s in stats),
+            "bytes_written": sum(s.written_in for s in stats) * block_bytes,
+            "bytes_read": sum(s.loaded_out for s in stats) * block_bytes,
+            "served_tokens": sum(s.served_tokens for s in stats),
+            "demoted_blocks": sum(s.demoted_out for s in stats),
+            "dropped_blocks": sum(s.dropped for s in stats),
+            "refused_blocks": sum(s.refused for s in stats),
         }
     return out
 
 
-def link_report(hierarchy: Hierarchy) -> dict[str, dict[str, float]]:
-    """Per link: bytes moved each way, busy time, and the delay sharing added to transfers."""
-    out: dict[str, dict[str, float]] = {}
-    for tier in hierarchy.tiers:
-        s = tier.link.stats
-        out[tier.name] = {
-            "bytes_read": s.bytes_read,
-            "bytes_written": s.bytes_written,
-            "transfers": s.transfers,
-            "busy_s": s.busy_s,
-            "queueing_s_mean": s.queueing_s / s.transfers if s.transfers else 0.0,
-        }
+def _links_summary(links: list[Link]) -> dict[str, float]:
+    transfers = sum(link.stats.transfers for link in links)
+    queueing = sum(link.stats.queueing_s for link in links)
+    return {
+        "bytes_read": sum(link.stats.bytes_read for link in links),
+        "bytes_written": sum(link.stats.bytes_written for link in links),
+        "transfers": transfers,
+        "busy_s": sum(link.stats.busy_s for link in links),
+        "queueing_s_mean": queueing / transfers if transfers else 0.0,
+    }
+
+
+def link_report(hierarchies: list[Hierarchy]) -> dict[str, dict[str, float]]:
+    """Per tier's link(s): bytes moved each way, busy time, and the delay sharing added."""
+    return {
+        name: _links_summary(_distinct_links(tiers))
+        for name, tiers in _distinct_tiers(hierarchies).items()
+    }
+
+
+def pd_link_report(
+    fabric: Link, nvlinks: list[Link], tier_links: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """The P/D hand-off paths: NVLink within nodes and, unless the rdma tier already reports
+    it (the same link), the fabric between nodes."""
+    out = {"pd_nvlink": _links_summary(nvlinks)}
+    if "rdma" not in tier_links:
+        out["fabric"] = _links_summary([fabric])
     return out

@@ -9,7 +9,6 @@ evictable (nothing is pinned), so each miss on a full cache evicts exactly one b
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from kvsim.policies.base import BlockInfo, EvictionPolicy
 from kvsim.policies.ema_head import EmaHead
 from kvsim.policies.fifo import FIFO
 from kvsim.policies.lru import LRU
+from kvsim.policies.oracle import FutureUses
 from kvsim.policies.vllm import VLLM
 from kvsim.traces import SEGMENT_KINDS, Trace, batch_block_hashes, block_kinds, segment_columns
 
@@ -55,13 +55,7 @@ class BlockSequence:
 
 def next_use(keys: np.ndarray) -> np.ndarray:
     """For each access, the index of the next access to the same key (inf when none)."""
-    n = keys.size
-    order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    out = np.full(n, math.inf)
-    same = sorted_keys[1:] == sorted_keys[:-1]
-    out[order[:-1][same]] = order[1:][same]
-    return out
+    return FutureUses(keys, np.arange(keys.size)).following()
 
 
 @dataclass(frozen=True)

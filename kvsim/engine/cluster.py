@@ -1,0 +1,422 @@
+"""Many replicas behind a router: placement on nodes, the router's view of them, P/D hand-offs
+over one contended fabric, and where the trace's reuse went (hit attribution).
+
+- Placement: replica i of `tp` GPUs sits on node `i * tp // gpus_per_node` (replicas fill nodes
+  in order; under P/D the prefill replicas come first).
+- The router sees a `ClusterView`: live state when `router_refresh_s` is 0, else snapshots of
+  each replica's load and HBM contents taken every `router_refresh_s` simulated seconds (HBM
+  changes are journalled by the pool and replayed at each refresh, as an indexer fed by KV
+  events would; lower tiers are read live, since they change slowly next to HBM).
+- P/D: the router picks the decode replica first (llm-d's order). When that replica lacks at
+  least `pd_threshold` prompt tokens, a prefill replica computes the prompt and the decode
+  replica pulls the KV it lacks: over NVLink within a node, else over the fabric, the same link
+  the rdma tier's loads, write-backs and prefetches use. The prefill replica keeps its blocks
+  until the pull is done. Below the threshold the decode replica prefills locally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import islice, takewhile
+
+import numpy as np
+import simpy
+
+from kvsim.engine.replica import Replica
+from kvsim.engine.request import Request
+from kvsim.hardware.measured import CostModel
+from kvsim.kvcache.block_table import BlockTable
+from kvsim.kvcache.link import Link
+from kvsim.routers import PrefixMatch, ReplicaLoad, Router, RouteRequest
+
+ATTRIBUTION_KEYS = (
+    "ceiling",
+    "captured",
+    "lost_to_routing",
+    "lost_to_eviction",
+    "lost_to_staleness",
+)
+_TIER_CLASS = {"dram": 1, "cxl": 1, "nvme": 2, "rdma": 3, "pfs": 3}  # host, disk, shared
+
+
+def node_of(index: int, tp: int, gpus_per_node: int) -> int:
+    """The node replica `index` sits on when replicas fill nodes in order."""
+    return index * tp // gpus_per_node
+
+
+class CacheView:
+    """The cluster as routers see it: live, or snapshots refreshed every `refresh_s`."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        replicas: list[Replica],
+        cost: CostModel,
+        chunk_tokens: int,
+        refresh_s: float,
+    ) -> None:
+        self.env = env
+        self.replicas = replicas
+        self.cost = cost
+        self.chunk_tokens = chunk_tokens
+        self.refresh_s = refresh_s
+        self.stale = refresh_s > 0
+        self._loads: list[ReplicaLoad] | None = None
+        self._request: RouteRequest | None = None
+        self._matches: dict[int, PrefixMatch] = {}
+        self._live: dict[int, PrefixMatch] = {}
+        # per replica, the HBM blocks the router last heard of (stale views only)
+        self._known: list[dict[int, None]] = []
+        if self.stale:
+            for replica in replicas:
+                replica.pool.journal = []
+                self._known.append({})
+            self.refresh()
+        self._classes = [
+            [_TIER_CLASS.get(t.name, 3) for t in (r.hierarchy.tiers if r.hierarchy else ())]
+            for r in replicas
+        ]
+
+    # -- ClusterView -----------------------------------------------------------------------------
+    @property
+    def now_s(self) -> float:
+        return self.env.now
+
+    @property
+    def loads(self) -> Sequence[ReplicaLoad]:
+        if self._loads is None:
+            self._loads = [self._load(r) for r in self.replicas]
+        return self._loads
+
+    def match(self, replica: int, request: RouteRequest) -> PrefixMatch:
+        if not self.stale:
+            return self.live_match(replica, request)
+        found = self._matches.get(replica)
+        if found is None:
+            found = self._matches[replica] = self._match(replica, request, self._known[replica])
+        return found
+
+    def queue_s(self, replica: int) -> float:
+        tokens = self.loads[replica].prefill_tokens
+        return self.cost.prefill_time_s(tokens, 0, self.chunk_tokens) if tokens > 0 else 0.0
+
+    def prefill_s(self, replica: int, tokens: int, context: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        return self.cost.prefill_time_s(tokens, context, self.chunk_tokens)
+
+    def load_s(self, replica: int, match: PrefixMatch) -> float:
+        hierarchy = self.replicas[replica].hierarchy
+        if hierarchy is None or match.blocks == match.device:
+            return 0.0
+        counts = (0, match.host, match.disk, match.shared)
+        total = 0.0
+        for cls, count in enumerate(counts):
+            if not count:
+                continue
+            for tier, tier_cls in zip(hierarchy.tiers, self._classes[replica], strict=True):
+                if tier_cls == cls:  # the fastest tier of the class stands for it
+                    link = tier.link
+                    share = (link.reads_in_flight + 1) / link.read_bytes_per_s
+                    total += link.latency_s + count * hierarchy.block_bytes * share
+                    break
+        return total
+
+    # -- the cluster's side ----------------------------------------------------------------------
+    def begin(self, request: RouteRequest) -> None:
+        """A new routing decision: live figures are recomputed, snapshots are not."""
+        self._request = request
+        self._matches.clear()
+        self._live.clear()
+        if not self.stale:
+            self._loads = None
+
+    def live_match(self, replica: int, request: RouteRequest) -> PrefixMatch:
+        found = self._live.get(replica)
+        if found is None:
+            found = self._live[replica] = self._match(
+                replica, request, self.replicas[replica].pool.refs
+            )
+        return found
+
+    def _match(self, replica: int, request: RouteRequest, in_hbm) -> PrefixMatch:
+        hashes = request.hashes
+        device = len(list(takewhile(in_hbm.__contains__, hashes)))
+        hierarchy = self.replicas[replica].hierarchy
+        if hierarchy is None or device == len(hashes):
+            return PrefixMatch(device=device)
+        counts = [device, 0, 0, 0]
+        classes = self._classes[replica]
+        for t in hierarchy.chain(hashes, device, len(hashes)):  # type: ignore[arg-type]
+            counts[classes[t]] += 1
+        return PrefixMatch(*counts)
+
+    def _load(self, replica: Replica) -> ReplicaLoad:
+        pool = replica.pool
+        running = len(replica.running) + len(replica.loading)
+        return ReplicaLoad(
+            index=replica.index,
+            node=replica.node,
+            role=replica.role,
+            waiting=len(replica.waiting),
+            running=running,
+            prefill_tokens=max(replica.outstanding_tokens - len(replica.running), 0),
+            decode_blocks=pool.used,
+            kv_usage=pool.used / pool.num_blocks,
+            capacity_blocks=pool.num_blocks,
+        )
+
+    def refresh(self) -> None:
+        """Take the snapshot routers see until the next refresh."""
+        self._loads = [self._load(r) for r in self.replicas]
+        for replica, known in zip(self.replicas, self._known, strict=True):
+            journal = replica.pool.journal
+            assert journal is not None
+            for cached, keys in journal:
+                if cached:
+                    known.update(dict.fromkeys(keys))
+                else:
+                    for key in keys:
+                        known.pop(key, None)
+            journal.clear()
+
+
+class LiveView:
+    """The same cluster, seen live: what a shadow router with exact state is shown."""
+
+    def __init__(self, view: CacheView) -> None:
+        self.view = view
+        self._loads: list[ReplicaLoad] | None = None
+        self._request: RouteRequest | None = None
+
+    @property
+    def now_s(self) -> float:
+        return self.view.env.now
+
+    @property
+    def loads(self) -> Sequence[ReplicaLoad]:
+        if self._request is not self.view._request or self._loads is None:
+            self._request = self.view._request
+            self._loads = [self.view._load(r) for r in self.view.replicas]
+        return self._loads
+
+    def match(self, replica: int, request: RouteRequest) -> PrefixMatch:
+        return self.view.live_match(replica, request)
+
+    def queue_s(self, replica: int) -> float:
+        tokens = self.loads[replica].prefill_tokens
+        return self.view.prefill_s(replica, tokens, 0)
+
+    def prefill_s(self, replica: int, tokens: int, context: int) -> float:
+        return self.view.prefill_s(replica, tokens, context)
+
+    def load_s(self, replica: int, match: PrefixMatch) -> float:
+        return self.view.load_s(replica, match)
+
+
+class Attribution:
+    """Per request, in blocks: the reuse one infinite cache would give (the ceiling), the best
+    any replica held when the request was routed, what the chosen replica held, and what the
+    replica held that the same router would have chosen from live state (a shadow router run
+    beside a stale one). Turned into token shares once the run is over:
+
+        lost to eviction  = ceiling - best (no cache in the cluster still held it)
+        lost to routing   = best - chosen (another replica held it)
+          of which stale  = exact - chosen, where the exact router would have found it
+    with `captured` (the hit the request really got, at admission) in place of `chosen` where
+    the two differ, so that the four shares always sum to the ceiling."""
+
+    def __init__(self, n: int) -> None:
+        self.seen: set[int] = set()
+        self.ceiling = np.zeros(n, dtype=np.int64)
+        self.best = np.zeros(n, dtype=np.int64)
+        self.chosen = np.zeros(n, dtype=np.int64)
+        self.exact = np.zeros(n, dtype=np.int64)  # what an exact-state router's pick held
+
+    def record(
+        self,
+        req: Request,
+        route: RouteRequest,
+        view: CacheView,
+        chosen: int,
+        usable: int,
+        exact_choice: int | None = None,
+    ) -> None:
+        """`exact_choice`: where the same router, seeing live state, would have sent it (only
+        when the real one sees snapshots)."""
+        hashes = req.table.hashes
+        assert hashes is not None
+        i = req.index
+        ceiling = len(list(takewhile(self.seen.__contains__, islice(hashes, usable))))
+        self.seen.update(hashes)
+        self.ceiling[i] = ceiling
+        a = min(view.live_match(chosen, route).blocks, usable)
+        best = a
+        for r in range(len(view.replicas)):
+            if best >= ceiling:
+                break
+            best = max(best, min(view.live_match(r, route).blocks, usable))
+        self.best[i] = best
+        self.chosen[i] = a
+        self.exact[i] = (
+            a if exact_choice is None else min(view.live_match(exact_choice, route).blocks, usable)
+        )
+
+    def shares(
+        self,
+        captured_blocks: np.ndarray,
+        done: np.ndarray,
+        input_tokens: np.ndarray,
+        block_size: int,
+    ) -> dict[str, float]:
+        """`hit_attribution`: the ceiling split four ways, each a share of input tokens."""
+        x = captured_blocks[done]
+        ceiling = np.maximum(self.ceiling[done], x)
+        lost_route = np.clip(self.best[done] - self.chosen[done], 0, ceiling - x)
+        exact = np.minimum(self.exact[done], self.best[done])
+        stale = np.clip(exact - self.chosen[done], 0, lost_route)
+        total = int(input_tokens[done].sum())
+        if not total:
+            return dict.fromkeys(ATTRIBUTION_KEYS, 0.0)
+        scale = block_size / total
+        return {
+            "ceiling": float(ceiling.sum() * scale),
+            "captured": float(x.sum() * scale),
+            "lost_to_routing": float((lost_route - stale).sum() * scale),
+            "lost_to_eviction": float((ceiling - x - lost_route).sum() * scale),
+            "lost_to_staleness": float(stale.sum() * scale),
+        }
+
+
+class Cluster:
+    """Routes arriving requests and moves P/D requests from their prefill to decode replica."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        replicas: list[Replica],
+        router: Router,
+        view: CacheView,
+        *,
+        session_of: np.ndarray,
+        block_size: int,
+        pd_split: tuple[int, int] | None,
+        pd_threshold: int | None,
+        kv_bytes_per_token: int,
+        fabric: Link,
+        nvlinks: dict[int, Link],
+        attribution: Attribution,
+        shadow: Router | None = None,
+    ) -> None:
+        self.env = env
+        # beside a router that sees snapshots, the same router shown live state: what the
+        # snapshots cost is the reuse its choices would have found and the real ones did not
+        self.shadow = shadow
+        self.live_view = LiveView(view)
+        self.replicas = replicas
+        self.router = router
+        self.view = view
+        self.session_of = session_of
+        self.block_size = block_size
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.fabric = fabric
+        self.nvlinks = nvlinks
+        self.attribution = attribution
+        self.everyone = list(range(len(replicas)))
+        self.prefill_ids: list[int] = []
+        self.decode_ids: list[int] = []
+        if pd_split is not None:
+            p, _ = pd_split
+            self.prefill_ids = self.everyone[:p]
+            self.decode_ids = self.everyone[p:]
+        threshold = pd_threshold if pd_threshold is not None else router.pd_threshold_tokens
+        self.pd_threshold = threshold or 0
+        self.local_prefills = 0
+        self.disaggregated = 0
+        self._decode_of: dict[int, int] = {}  # request index -> its decode replica, under P/D
+        # request index -> (prefill replica, its block table) while the decode replica pulls
+        self._pending: dict[int, tuple[int, BlockTable]] = {}
+        for replica in replicas:
+            replica.on_prefilled = self._prefilled
+            replica.pull = self._pull
+
+    def _route_request(self, req: Request) -> RouteRequest:
+        """`req` as routers see it; the view starts a new decision."""
+        if req.table.hashes is None:
+            self.replicas[0].kv.load_chain(req)
+        hashes = req.table.hashes
+        assert hashes is not None
+        bs = self.block_size
+        full = min(req.input_tokens // bs, len(hashes))
+        route = RouteRequest(
+            req.index, int(self.session_of[req.index]), req.input_tokens, bs, hashes[:full]
+        )
+        self.view.begin(route)
+        return route
+
+    def _attribute(
+        self, req: Request, route: RouteRequest, target: int, exact: int | None = None
+    ) -> None:
+        usable = min((req.input_tokens - 1) // self.block_size, len(route.hashes))
+        self.attribution.record(req, route, self.view, target, usable, exact)
+
+    def _exact_choice(self, req: Request, route: RouteRequest) -> int | None:
+        """Where the shadow router, shown live state, would send `req` (stale runs only)."""
+        shadow = self.shadow
+        if shadow is None:
+            return None
+        live = self.live_view
+        if not self.decode_ids:
+            return shadow.choose(route, live, self.everyone)
+        if req.handoff == "prefill":
+            return shadow.choose_prefill(route, live, self.prefill_ids)
+        return shadow.choose(route, live, self.decode_ids)
+
+    def attribute_alone(self, req: Request) -> None:
+        """A lone replica: nothing to route, but its reuse still splits into captured and lost."""
+        self._attribute(req, self._route_request(req), 0)
+
+    def route(self, req: Request) -> None:
+        """Choose where `req` runs (under P/D: where it decodes and where it is prefilled)."""
+        route = self._route_request(req)
+        view = self.view
+        bs = self.block_size
+        if self.decode_ids:
+            target = self.router.choose(route, view, self.decode_ids)
+            uncached = req.input_tokens - view.match(target, route).device * bs
+            if uncached >= self.pd_threshold:
+                self._decode_of[req.index] = target
+                req.handoff = "prefill"
+                target = self.router.choose_prefill(route, view, self.prefill_ids)
+                self.disaggregated += 1
+            else:
+                self.local_prefills += 1
+        else:
+            target = self.router.choose(route, view, self.everyone)
+        self._attribute(req, route, target, self._exact_choice(req, route))
+        self.replicas[target].submit(req)
+
+    # -- P/D hand-off ----------------------------------------------------------------------------
+    def _prefilled(self, req: Request, table: BlockTable) -> None:
+        """Replica `req.replica` computed the prompt: queue the request on its decode replica."""
+        self._pending[req.index] = (req.replica, table)
+        self.replicas[self._decode_of.pop(req.index)].enqueue(req)
+
+    def _pull(self, req: Request, hit_blocks: int) -> simpy.Event:
+        """Move the prompt KV the decode replica lacks; then the prefill replica lets go."""
+        source, table = self._pending[req.index]
+        dest = self.replicas[req.replica]
+        tokens = max(req.input_tokens - hit_blocks * self.block_size, 0)
+        nbytes = tokens * self.kv_bytes_per_token
+        req.transfer_bytes += nbytes
+        same_node = self.replicas[source].node == dest.node
+        link = self.nvlinks[source] if same_node else self.fabric
+        done = link.transfer(nbytes)
+        done.callbacks.append(lambda _ev: self._release(req, source, table))
+        return done
+
+    def _release(self, req: Request, source: int, table: BlockTable) -> None:
+        del self._pending[req.index]
+        replica = self.replicas[source]
+        replica.kv.free(req, self.env.now, table)
+        replica.wake()

@@ -1,0 +1,88 @@
+"""Configuration strings parsed once, at the edge, into typed settings the engine reads.
+
+`EngineConfig` keeps what the user typed ('hbm=lru,dram=arc', 'dram=1TiB', ...), so a run's
+config.toml reads like its command line; `resolve_settings` turns it into `TierSettings`, and
+from there on nothing re-parses a string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvsim.engine.config import EngineConfig
+from kvsim.errors import ConfigError, UnknownNameError
+from kvsim.kvcache.hierarchy import ADMISSIONS
+from kvsim.policies import parse_policy_params
+
+TIER_ORDER = ("hbm", "dram", "cxl", "nvme", "rdma", "pfs")
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    """Per-tier choices: policy, its parameters, admission rule; which tiers, what capacity."""
+
+    policies: dict[str, str]  # tier -> policy name
+    policy_params: dict[str, dict[str, Any]]  # policy name -> its parameters
+    admissions: dict[str, str]  # tier -> admission rule
+    tiers: list[str] | None  # the tiers to enable (None: the profile's)
+    capacities: dict[str, str] | None  # tier -> size text, per node (None: the profile's)
+
+    def params_of(self, tier: str) -> dict[str, Any] | None:
+        return self.policy_params.get(self.policies[tier])
+
+
+def per_tier(text: str, option: str, default: str) -> dict[str, str]:
+    """'lru' -> every tier 'lru'; 'hbm=lru,dram=arc' -> those tiers, `default` for the rest."""
+    text = text.strip()
+    if "=" not in text:
+        return dict.fromkeys(TIER_ORDER, text or default)
+    out = dict.fromkeys(TIER_ORDER, default)
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not value:
+            raise ConfigError(f"{option}: expected NAME=VALUE pairs, got {part!r}")
+        if name not in TIER_ORDER:
+            raise UnknownNameError("tier", name, list(TIER_ORDER))
+        out[name] = value
+    return out
+
+
+def _tier_list(text: str | None) -> list[str] | None:
+    if not text:
+        return None
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    return list(TIER_ORDER) if names == ["all"] else names
+
+
+def _capacities(text: str) -> dict[str, str] | None:
+    if not text.strip():
+        return None
+    capacities = {}
+    for part in text.split(","):
+        name, sep, size = part.partition("=")
+        if not sep:
+            raise ConfigError(f"tier capacity: expected NAME=SIZE, got {part!r}")
+        if name.strip() == "hbm":
+            raise ConfigError(
+                "tier capacity hbm: HBM for KV follows from the GPU and the model; "
+                "use --num-gpu-blocks to set it"
+            )
+        capacities[name.strip()] = size.strip()
+    return capacities
+
+
+def resolve_settings(config: EngineConfig) -> TierSettings:
+    """Parse and check every per-tier string of `config`."""
+    admissions = per_tier(config.admission, "admission", "all")
+    for name, rule in admissions.items():
+        if rule not in ADMISSIONS:
+            raise ConfigError(f"admission {name}={rule}: expected one of {', '.join(ADMISSIONS)}")
+    return TierSettings(
+        policies=per_tier(config.policy, "policy", "lru"),
+        policy_params=parse_policy_params(config.policy_params),
+        admissions=admissions,
+        tiers=_tier_list(config.tiers),
+        capacities=_capacities(config.tier_capacity),
+    )
