@@ -17,7 +17,7 @@ over one contended fabric, and where the trace's reuse went (hit attribution).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import islice, takewhile
+from itertools import takewhile
 
 import numpy as np
 import simpy
@@ -215,7 +215,8 @@ class LiveView:
 
 
 class Attribution:
-    """Per request, in blocks: the reuse one infinite cache would give (the ceiling), the best
+    """Per request, in blocks: the reuse one infinite cache would give (the ceiling: requests in
+    the trace's arrival order, as `kvsim trace stats` counts it), the best
     any replica held when the request was routed, what the chosen replica held, and what the
     replica held that the same router would have chosen from live state (a shadow router run
     beside a stale one). Turned into token shares once the run is over:
@@ -226,9 +227,9 @@ class Attribution:
     with `captured` (the hit the request really got, at admission) in place of `chosen` where
     the two differ, so that the four shares always sum to the ceiling."""
 
-    def __init__(self, n: int) -> None:
-        self.seen: set[int] = set()
-        self.ceiling = np.zeros(n, dtype=np.int64)
+    def __init__(self, ceiling_blocks: np.ndarray) -> None:
+        n = len(ceiling_blocks)
+        self.ceiling = ceiling_blocks
         self.best = np.zeros(n, dtype=np.int64)
         self.chosen = np.zeros(n, dtype=np.int64)
         self.exact = np.zeros(n, dtype=np.int64)  # what an exact-state router's pick held
@@ -244,12 +245,8 @@ class Attribution:
     ) -> None:
         """`exact_choice`: where the same router, seeing live state, would have sent it (only
         when the real one sees snapshots)."""
-        hashes = req.table.hashes
-        assert hashes is not None
         i = req.index
-        ceiling = len(list(takewhile(self.seen.__contains__, islice(hashes, usable))))
-        self.seen.update(hashes)
-        self.ceiling[i] = ceiling
+        ceiling = int(self.ceiling[i])
         a = min(view.live_match(chosen, route).blocks, usable)
         best = a
         for r in range(len(view.replicas)):

@@ -39,6 +39,7 @@ from kvsim.routers import make_router, parse_router_params
 from kvsim.traces import Trace
 from kvsim.traces.blocks import batch_block_hashes, block_kinds, sequence_block_hashes
 from kvsim.traces.schema import KIND_CODES, SEGMENT_KINDS, segment_columns
+from kvsim.traces.stats import reused_blocks
 
 ProgressFn = Callable[[int, int], None]
 # segments whose KV can be reused at another position (a document, a tool's output)
@@ -282,12 +283,15 @@ def simulate(
         kv_bytes_per_token=token_bytes * config.tp,
         fabric=fabric,
         nvlinks=nvlinks,
-        attribution=Attribution(source.n),
+        attribution=Attribution(
+            reused_blocks(trace, config.block_size, (source.input_tokens - 1) // config.block_size)
+        ),
         shadow=shadow,
     )
     one = replicas[0] if count == 1 else None
 
     def issue(req: Request) -> None:
+        timeline.wake()
         if req.input_tokens + req.output_tokens > capacity_tokens:
             # like a prompt beyond max_model_len: it can never fit, so it is refused at once
             rejected[req.index] = True

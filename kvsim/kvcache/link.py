@@ -77,6 +77,7 @@ class Link:
         self._last_s = 0.0  # when `remaining_s` of the active transfers was last brought up to date
         self._generation = 0  # invalidates completion timers scheduled before the last change
         self._next: _Transfer | None = None  # the transfer the pending timer completes
+        self._active = 0  # transfers started and not finished
 
     def transfer(self, nbytes: int, write: bool = False) -> simpy.Event:
         """Start moving `nbytes` (a read towards HBM, or a write away from it); the returned
@@ -88,6 +89,7 @@ class Link:
         else:
             self.stats.bytes_read += nbytes
         self.stats.transfers += 1
+        self._active += 1
         work_s = nbytes / rate
         if self.latency_s > 0:
             self.env.timeout(self.latency_s).callbacks.append(
@@ -144,10 +146,16 @@ class Link:
             self._reads = left
         else:
             self._writes = left
+        self._active -= len(finished)
         for t in finished:
             self.stats.queueing_s += max(0.0, (now - t.started_s) - t.solo_s)
             t.done.succeed()
         self._schedule()
+
+    @property
+    def idle(self) -> bool:
+        """No transfer started and not yet finished (in its latency or moving bytes)."""
+        return self._active == 0
 
     @property
     def reads_in_flight(self) -> int:

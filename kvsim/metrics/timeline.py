@@ -1,7 +1,10 @@
 """What the replicas and their memory tiers look like over simulated time, and in total.
 
 The timeline is sampled by one SimPy process at a fixed simulated interval (no per-token or
-per-block events), kept in Python lists and turned into Arrow once at the end. Cluster columns
+per-block events), kept in Python lists and turned into Arrow once at the end. Through idle
+stretches (no request anywhere, no transfer on any link) it takes no samples: it records the
+idle state once and sleeps until the next request arrives, so a day-long gap in a trace costs
+one row, not 86,400. Cluster columns
 are totals over replicas (a shared tier counted once; a link's busy fraction averaged over the
 replicas' links to that tier); a cluster run adds each replica's queue and HBM occupancy.
 """
@@ -62,6 +65,22 @@ class Timeline:
                 for what in ("waiting", "running", "hbm_used_blocks"):
                     self.columns[f"r{r.index}_{what}"] = []
         self._busy = {id(link): 0.0 for links in self.links.values() for link in links}
+        self._all_links = [link for links in self.links.values() for link in links]
+        self._idle: simpy.Event | None = None
+        self._last_s = env.now
+        self._woken = False
+
+    def wake(self) -> None:
+        """A request arrived: resume sampling if the timeline sleeps through an idle stretch."""
+        idle = self._idle
+        if idle is not None and not idle.triggered:
+            idle.succeed()
+
+    def _quiet(self) -> bool:
+        for r in self.replicas:
+            if r.running or r.waiting or r.loading:
+                return False
+        return all(link.idle for link in self._all_links)
 
     def sample(self, finished: Callable[[], bool]):
         """A SimPy process: one sample per interval until every request has finished."""
@@ -69,12 +88,23 @@ class Timeline:
             self._record()
             if finished():
                 return
+            if self._quiet():
+                self._idle = self.env.event()
+                yield self._idle
+                self._idle = None
+                self._woken = True
+                continue
             yield self.env.timeout(self.interval_s)
 
     def _record(self) -> None:
         c = self.columns
         replicas = self.replicas
-        c["time_s"].append(self.env.now)
+        now = self.env.now
+        # one interval, or the time since the last sample when an arrival ended an idle stretch
+        elapsed = now - self._last_s if self._woken else self.interval_s
+        self._woken = False
+        self._last_s = now
+        c["time_s"].append(now)
         c["running"].append(sum(len(r.running) for r in replicas))
         c["waiting"].append(sum(len(r.waiting) for r in replicas))
         c["loading"].append(sum(len(r.loading) for r in replicas))
@@ -86,7 +116,8 @@ class Timeline:
             busy = 0.0
             for link in links:
                 now_busy = link.stats.busy_s
-                busy += min((now_busy - self._busy[id(link)]) / self.interval_s, 1.0)
+                delta = now_busy - self._busy[id(link)]
+                busy += min(delta / elapsed, 1.0) if elapsed > 0 else 0.0
                 self._busy[id(link)] = now_busy
             c[f"{name}_link_busy"].append(busy / len(links))
         if self.per_replica:

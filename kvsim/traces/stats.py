@@ -13,14 +13,18 @@ import numpy as np
 from kvsim.traces.blocks import batch_block_hashes
 from kvsim.traces.schema import Trace, segment_columns
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "reuse_ceiling", "trace_stats"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "reuse_ceiling", "reused_blocks", "trace_stats"]
 
 DEFAULT_BLOCK_SIZE = 16
 _PCTS = (50, 90, 99)
 
 
-def reuse_ceiling(trace: Trace, block_size: int) -> tuple[float, float]:
-    """(token-weighted, block-weighted) prefix hit ratio with an infinite cache."""
+def reused_blocks(
+    trace: Trace, block_size: int, cap_blocks: np.ndarray | None = None
+) -> np.ndarray:
+    """Per request, the prompt blocks an infinite cache would hold when it arrives (at most
+    `cap_blocks` of them: the engine computes at least one prompt token, so it passes
+    (input - 1) // block_size; default, every full prompt block)."""
     table = trace.table
     seg = segment_columns(table)
     out_hash = table.column("output_hash").to_numpy()
@@ -41,15 +45,23 @@ def reuse_ceiling(trace: Trace, block_size: int) -> tuple[float, float]:
     b_off, b_hash = batch_block_hashes(offsets, hashes, tokens, block_size)
     row = np.repeat(np.arange(n), np.diff(b_off))
     k = np.arange(b_hash.size) - b_off[row]
-    in_prompt = k < (inputs // block_size)[row]
+    cap = inputs // block_size if cap_blocks is None else cap_blocks
+    in_prompt = k < cap[row]
     _, first_idx, inverse = np.unique(b_hash, return_index=True, return_inverse=True)
     first_row = row[first_idx][inverse]
     hit = in_prompt & (first_row < row)
+    return np.bincount(row[hit], minlength=n).astype(np.int64)
+
+
+def reuse_ceiling(trace: Trace, block_size: int) -> tuple[float, float]:
+    """(token-weighted, block-weighted) prefix hit ratio with an infinite cache."""
+    inputs = trace.table.column("input_tokens").to_numpy().astype(np.int64)
+    hits = int(reused_blocks(trace, block_size).sum())
     total_tokens = int(inputs.sum())
-    token_ratio = int(hit.sum()) * block_size / total_tokens if total_tokens else 0.0
+    token_ratio = hits * block_size / total_tokens if total_tokens else 0.0
     # Block-weighted over all prompt blocks, the last partial one included.
     all_blocks = int((-(-inputs // block_size)).sum())
-    block_ratio = int(hit.sum()) / all_blocks if all_blocks else 0.0
+    block_ratio = hits / all_blocks if all_blocks else 0.0
     return token_ratio, block_ratio
 
 
