@@ -48,12 +48,15 @@ def capacity_report(
     block_size: int = 16,
     activation_reserve_bytes: int | None = None,
     max_num_batched_tokens: int = 1,
+    strict: bool = True,
 ) -> dict[str, Any]:
     """KV sizes of ``spec`` and, given the GPU's HBM, how many tokens and sequences fit.
 
     Keys carry their unit (``_bytes``, ``_tokens``); the dict is JSON-serialisable. With
     ``hbm_bytes_per_gpu=None`` only the sizes are filled in and the capacity keys are None.
-    Raises ``KvsimError`` when the weights (plus the activation reserve) do not fit.
+    When the weights (plus the activation reserve) do not fit, ``strict`` raises ``KvsimError``;
+    otherwise the report keeps its sizes, leaves the capacity keys None and says so as a finding:
+    ``fits`` False, ``finding`` the sentence, ``smallest_tp_that_fits`` (None if none does).
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ConfigError(
@@ -117,14 +120,27 @@ def capacity_report(
     usable = int(hbm_bytes_per_gpu * gpu_memory_utilization)
     budget = f"the GPU has {_gb(hbm_bytes_per_gpu)} × {gpu_memory_utilization:.2f}"
     where = f"{spec.name} {weight_dtype} weights need {_gb(weights)} per rank at tp={tp}"
-    if weights > usable:
-        raise KvsimError(f"{where} but {budget}; use --tp or a smaller weight dtype")
     capacity = usable - weights - reserve
-    if capacity <= 0:
-        raise KvsimError(
+    problem = None
+    if weights > usable:
+        problem = f"{where} but {budget}"
+    elif capacity <= 0:
+        problem = (
             f"{where}, plus a {_gb(reserve)} activation reserve, leaving no room for KV "
-            f"cache: {budget}; use --tp or a smaller weight dtype"
+            f"cache: {budget}"
         )
+    if problem and strict:
+        raise KvsimError(f"{problem}; use a larger --tp or a smaller --weight-dtype")
+    if problem:
+        smallest = _smallest_tp(spec, usable, reserve, weight_dtype, tp)
+        advice = f"tp={smallest} is the smallest that fits" if smallest else "no tp degree fits"
+        report.update(
+            fits=False,
+            finding=f"does not fit at tp={tp}: {problem}; {advice}",
+            smallest_tp_that_fits=smallest,
+        )
+        return report
+    report["fits"] = True
     blocks = capacity // per_block if per_block else 0
     sequences = capacity // per_seq if per_seq else 0
     report.update(
@@ -140,6 +156,18 @@ def capacity_report(
         report["mha_equivalent_max_concurrent_sequences"] = mha_sequences
         report["extra_sequences_vs_mha"] = sequences - mha_sequences
     return report
+
+
+def _smallest_tp(
+    spec: ModelSpec, usable: int, reserve: int, weight_dtype: str, above: int
+) -> int | None:
+    """The smallest tp degree vLLM accepts for `spec` above `above` that leaves room for KV."""
+    from kvsim.models.sizing import tp_degrees
+
+    for tp in tp_degrees(spec):
+        if tp > above and usable - weight_bytes(spec, weight_dtype, tp) - reserve > 0:
+            return tp
+    return None
 
 
 def _row_value(key: str, value: Any) -> str:
@@ -192,6 +220,8 @@ def format_capacity(report: dict[str, Any]) -> str:
         for key, label in _LABELS.items()
         if key in report and not (key.startswith("state_") and not report[key])
     ]
+    if report.get("fits") is False:
+        rows.append(("finding", report["finding"]))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 

@@ -26,6 +26,9 @@ def cli() -> None:
 
 
 # -- kvsim run -------------------------------------------------------------------------------------
+_WEIGHT_DTYPES = ["bf16", "fp16", "fp8", "int8", "int4", "fp32"]
+
+
 def _positive(name: str, value: float | None) -> None:
     if value is not None and (not math.isfinite(value) or value <= 0):
         raise KvsimError(f"--{name}: expected a positive number, got {value}")
@@ -60,23 +63,36 @@ class _Progress:
 
 
 def _format_summary(summary: dict[str, object], out: Path) -> str:
+    from kvsim.run import format_tiers_per_replica
+
     s = summary
 
     def ms(key: str) -> str:
         v = s[key]
         return "n/a" if not isinstance(v, float) or math.isnan(v) else f"{v * 1000:,.1f} ms"
 
+    def sec(key: str) -> str:
+        v = s[key]
+        return "n/a" if not isinstance(v, float) or math.isnan(v) else f"{v:.2f} s"
+
+    per_m = s["cost_per_million_tokens_usd"]
+    per_m = f"${per_m:.3f}" if isinstance(per_m, float) and math.isfinite(per_m) else "n/a"
     rows = [
         (
             "workload",
             f"{s['trace']}  ({s['requests']} requests, {s['completed']} completed"
             + (f", {s['rejected']} rejected" if s["rejected"] else "")
+            + (f", skipped {s['skipped_rows']:,} malformed rows" if s.get("skipped_rows") else "")
             + ")",
         ),
-        ("model / hardware", f"{s['model']} on {s['hardware']}, policy {s['policy']}"),
+        (
+            "model / hardware",
+            f"{s['model']} ({s.get('weight_dtype', 'bf16')} weights) on {s['hardware']}, "
+            f"policy {s['policy']}",
+        ),
         ("TTFT p50 / p90 / p99", f"{ms('ttft_p50_s')} / {ms('ttft_p90_s')} / {ms('ttft_p99_s')}"),
         ("TPOT p50 / p99", f"{ms('tpot_p50_s')} / {ms('tpot_p99_s')}"),
-        ("E2E p50 / p99", f"{s['e2e_p50_s']:.2f} s / {s['e2e_p99_s']:.2f} s"),
+        ("E2E p50 / p99", f"{sec('e2e_p50_s')} / {sec('e2e_p99_s')}"),
         ("output throughput", f"{s['throughput_tokens_per_s']:,.0f} tok/s"),
         ("total throughput", f"{s['total_throughput_tokens_per_s']:,.0f} tok/s"),
         (
@@ -90,8 +106,10 @@ def _format_summary(summary: dict[str, object], out: Path) -> str:
             f"{s['kv_blocks']:,}  ({s['evicted_blocks']:,} evictions, "
             f"{s['preemptions']} preemptions)",
         ),
-        ("cost", f"${s['cost_usd']:,.2f}  (${s['cost_per_million_tokens_usd']:.3f} per M tokens)"),
+        ("cost", f"${s['cost_usd']:,.2f}  ({per_m} per M tokens)"),
     ]
+    if s.get("tiers_per_replica"):
+        rows.append(("tiers per replica", format_tiers_per_replica(s["tiers_per_replica"])))
     if s.get("slo_attainment") is not None:
         slo = s["slo"]
         bounds = ", ".join(
@@ -191,6 +209,11 @@ def _default_out() -> Path:
 @click.option("--hardware", help="Hardware profile name or TOML. [default: h100-sxm]")
 @click.option("--tp", type=int, help="Tensor-parallel GPUs per replica. [default: 1]")
 @click.option("--kv-dtype", type=click.Choice(["bf16", "fp16", "fp8", "int8", "int4"]))
+@click.option(
+    "--weight-dtype",
+    type=click.Choice(_WEIGHT_DTYPES),
+    help="Weight dtype. [default: the model's native one: fp8 for deepseek-v3, else bf16]",
+)
 @click.option("--block-size", type=int, help="Tokens per KV block. [default: 16]")
 @click.option("--max-num-seqs", type=int, help="Sequences per iteration. [default: 256]")
 @click.option("--max-batched-tokens", type=int, help="Token budget per iteration. [default: 8192]")
@@ -210,7 +233,8 @@ def _default_out() -> Path:
     "tier_capacity",
     multiple=True,
     metavar="NAME=SIZE",
-    help="Per-node capacity of a tier, e.g. dram=1TiB (repeatable).",
+    help="Per-node capacity of a tier with its unit, e.g. dram=1TiB or nvme=8TB (repeatable); "
+    "each replica gets its GPUs' share of it.",
 )
 @click.option("--write-policy", type=click.Choice(["write-back", "write-through"]))
 @click.option("--hierarchy", type=click.Choice(["inclusive", "exclusive"]))
@@ -252,13 +276,40 @@ def _default_out() -> Path:
 @click.option("--slo-ttft", "slo_ttft_s", type=float, help="TTFT objective in seconds.")
 @click.option("--slo-tpot", "slo_tpot_s", type=float, help="TPOT objective in seconds.")
 @click.option("--seed", type=int, help="Seed for every random draw. [default: 0]")
-@click.option("--out", type=click.Path(file_okay=False), help="Results folder. [runs/<time>]")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    help="Results folder; must be new or empty. [runs/<time>]",
+)
+@click.option(
+    "--overwrite", is_flag=True, help="Replace the results already in --out (kvsim's files only)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
-def run(config_path: str | None, out: str | None, as_json: bool, **options) -> None:
-    """Simulate serving replicas on a trace and report TTFT, TPOT, throughput and hit ratio."""
-    from kvsim.run import RunConfig, write_outputs
+def run(
+    config_path: str | None, out: str | None, overwrite: bool, as_json: bool, **options
+) -> None:
+    """Simulate serving replicas on a trace and report TTFT, TPOT, throughput and hit ratio.
+
+    Warnings (trace plausibility, refused requests, overload) go to stderr. A run in which no
+    request completes writes its results, says why on stderr and exits 2.
+    """
+    from kvsim.run import (
+        ResultsFolder,
+        RunConfig,
+        check_config,
+        nothing_completed,
+        summary_json,
+    )
     from kvsim.run import run as run_sim
 
+    if options["seed"] is not None and options["seed"] < 0:
+        raise KvsimError(f"--seed: expected a non-negative integer, got {options['seed']}")
+    if options["policy"] is not None and not options["policy"].strip():
+        raise KvsimError(
+            "--policy: expected a policy name (e.g. lru) or one per tier (hbm=lru,dram=arc), got ''"
+        )
+    if options["router"] is not None and not options["router"].strip():
+        raise KvsimError("--router: expected a router name (e.g. round-robin), got ''")
     _positive("rate", options["rate"])
     _positive("rate-scale", options["rate_scale"])
     _positive("cv", options["cv"])
@@ -276,23 +327,38 @@ def run(config_path: str | None, out: str | None, as_json: bool, **options) -> N
     options["max_num_batched_tokens"] = options.pop("max_batched_tokens")
     given = {k: v for k, v in options.items() if v is not None}
     base = RunConfig.from_toml(config_path) if config_path else RunConfig()
-    engine_keys = {f.name for f in dataclasses.fields(base.engine)}
+    # the weight dtype is the run's choice (None: the model's native one), not the engine's
+    engine_keys = {f.name for f in dataclasses.fields(base.engine)} - {"weight_dtype"}
     engine = dataclasses.replace(
         base.engine, **{k: v for k, v in given.items() if k in engine_keys}
     )
     config = dataclasses.replace(
         base, engine=engine, **{k: v for k, v in given.items() if k not in engine_keys}
     )
+    check_config(config)
+    # fail before simulating when the results cannot be written there
+    folder = ResultsFolder(Path(out) if out else _default_out(), overwrite)
     progress = _Progress()
     try:
         outcome = run_sim(config, progress=progress)
+    except BaseException:
+        folder.discard()
+        raise
     finally:
         progress.close()
-    out_dir = write_outputs(outcome, Path(out) if out else _default_out())
+    out_dir = folder.write(outcome)
+    summary = outcome.summary
+    failed = nothing_completed(summary)
     if as_json:
-        click.echo(json.dumps(outcome.summary))
+        click.echo(summary_json(summary))
     else:
-        click.echo(_format_summary(outcome.summary, out_dir))
+        click.echo(_format_summary(summary, out_dir))
+    for warning in summary["trace_warnings"]:
+        click.echo(f"warning: {warning}", err=True)
+    for warning in summary["run_warnings"][int(failed) :]:
+        click.echo(f"warning: {warning}", err=True)
+    if failed:
+        raise KvsimError(f"{summary['run_warnings'][0]} (results in {out_dir})")
 
 
 # -- kvsim size ------------------------------------------------------------------------------------
@@ -307,9 +373,8 @@ def run(config_path: str | None, out: str | None, as_json: bool, **options) -> N
 )
 @click.option(
     "--weight-dtype",
-    type=click.Choice(["bf16", "fp16", "fp8", "int8", "int4"]),
-    default="bf16",
-    show_default=True,
+    type=click.Choice(_WEIGHT_DTYPES),
+    help="Weight dtype. [default: the model's native one: fp8 for deepseek-v3, else bf16]",
 )
 @click.option("--hardware", default="h100-sxm", show_default=True, help="Hardware profile.")
 @click.option(
@@ -327,7 +392,11 @@ def run(config_path: str | None, out: str | None, as_json: bool, **options) -> N
 def size(
     model, tp, kv_dtype, weight_dtype, hardware, context, block_size, show_tiers, as_json
 ) -> None:
-    """Exact KV bytes per token and block, weights, and how many sequences fit in HBM."""
+    """Exact KV bytes per token and block, weights, and how many sequences fit in HBM.
+
+    The sizes are always printed; when the weights leave no room for KV at this --tp, the report
+    says so as a finding, with the smallest tp that fits (exit 0: it is an answer, not an error).
+    """
     from kvsim.capacity import (
         format_capacity,
         format_tier_capacity,
@@ -341,6 +410,7 @@ def size(
         if value < 1:
             raise KvsimError(f"--{name}: expected a positive integer, got {value}")
     spec = load_model(model)
+    weight_dtype = weight_dtype or spec.weight_dtype
     profile = load_profile(hardware)
     report = profile_capacity_report(
         spec,
@@ -350,8 +420,13 @@ def size(
         weight_dtype=weight_dtype,
         context_tokens=context,
         block_size=block_size,
+        strict=False,
     )
     report = {"hardware": profile.name, **report}
+    tiers_skipped = show_tiers and not report["fits"]
+    show_tiers = show_tiers and report["fits"]  # HBM left for KV is part of the tier table
+    if tiers_skipped:
+        report["tiers"] = None
     if show_tiers:
         report["tiers"] = node_tier_capacity(
             spec,
@@ -367,6 +442,10 @@ def size(
     click.echo(format_capacity(report))
     if show_tiers:
         click.echo("\n" + format_tier_capacity(report["tiers"]))
+    if tiers_skipped:
+        click.echo(
+            "\nno tier table: it starts from the HBM left after weights; use a --tp that fits"
+        )
 
 
 # -- kvsim profile ---------------------------------------------------------------------------------

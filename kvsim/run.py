@@ -2,34 +2,88 @@
 
 Everything the CLI does, a notebook can call:
 
-    from kvsim.run import RunConfig, run
+    from kvsim.run import RunConfig, run, write_outputs
     outcome = run(RunConfig(trace="sharegpt", policy="lru"))
     outcome.summary["ttft_p50_s"]
+    write_outputs(outcome, "runs/lru")
+
+Results folders. `write_outputs` writes into a temporary sibling (``<name>.partial-*``) and renames
+it into place only when every file is written, with the ``COMPLETE`` marker last; a folder
+without ``COMPLETE`` is never a finished run (`is_complete`). A non-empty target is refused
+unless ``overwrite`` is given (and even then only when it holds nothing but kvsim's own result
+files). The final rename succeeds only onto a missing or empty folder, so of two runs that
+finish into the same folder at once the second fails instead of replacing the first; its
+results are kept beside, under ``<name>-2``. A failed write leaves the old folder untouched.
+
+JSON. NaN and infinities (a percentile of no requests, a cost per token of no tokens) are
+written as ``null``: `summary_json` is the one writer for summary.json and ``--json``.
+
+Diagnostics in the summary: ``trace_warnings`` (the trace loader's plausibility warnings) and
+``run_warnings``:
+
+- requests refused because each needs more KV blocks than a replica has (when nothing
+  completes at all this is the reason, and `kvsim run` exits 2: see `nothing_completed`);
+- overload: a replica was busy at least ``OVERLOAD_BUSY`` of the time and its TTFT p50 exceeds
+  ``OVERLOAD_TTFT_FACTOR`` × its median prefill time (first token − first scheduled), i.e.
+  requests mostly waited in the queue: the offered load is more than the replicas can serve.
+  A lightly loaded replica has a TTFT p50 within a few prefill times even when decode keeps it
+  busy all the time, so the ratio, not the busy fraction alone, is the signal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
+import math
+import os
+import secrets
+import shutil
 import tomllib
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 
-from kvsim import tomlwrite
+from kvsim import __version__, tomlwrite
 from kvsim.engine.config import EngineConfig
+from kvsim.engine.settings import resolve_settings
 from kvsim.engine.simulation import ProgressFn, RunResult, simulate
+from kvsim.engine.tiers import SHARED_TIERS, replica_share, resolve_profile
 from kvsim.errors import ConfigError
 from kvsim.hardware import load_profile
 from kvsim.metrics import Slo, summarize
 from kvsim.models import load_model
+from kvsim.models.dtypes import weight_dtype_bytes
+from kvsim.policies import make_policy
+from kvsim.textio import read_utf8
 from kvsim.traces import load_trace
+from kvsim.units import format_bytes
+
+#: The file written last into a results folder: without it the folder is not a finished run.
+COMPLETE_MARKER = "COMPLETE"
+#: Every file `write_outputs` writes; ``overwrite`` replaces only folders holding nothing else.
+RESULT_FILES = frozenset(
+    {"requests.parquet", "timeline.parquet", "config.toml", "summary.json", COMPLETE_MARKER}
+)
+#: Overload rule (see the module docstring).
+OVERLOAD_BUSY = 0.95
+OVERLOAD_TTFT_FACTOR = 10.0
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """A whole run: workload, model, hardware and engine settings. Defaults run anywhere."""
+    """A whole run: workload, model, hardware and engine settings. Defaults run anywhere.
+
+    ``weight_dtype`` is the weights' dtype; None means the model's native one (the catalog's
+    ``weight_dtype``: fp8 for DeepSeek-V3, bf16 for the others). `run` resolves it and sets
+    ``engine.weight_dtype``; an ``engine.weight_dtype`` other than bf16 (EngineConfig's default)
+    counts as a choice too, so code that set it there keeps its result.
+    """
 
     trace: str = "sharegpt"
     max_requests: int | None = None
@@ -41,6 +95,7 @@ class RunConfig:
     tokenizer: str | None = None
     skip_bad_rows: bool = False
     model: str = "llama-3.1-8b"
+    weight_dtype: str | None = None
     hardware: str = "h100-sxm"
     engine: EngineConfig = field(default_factory=EngineConfig)
     slo_ttft_s: float | None = None
@@ -59,7 +114,7 @@ class RunConfig:
                 "tokenizer": self.tokenizer,
                 "skip_bad_rows": self.skip_bad_rows,
             },
-            "model": {"name": self.model},
+            "model": {"name": self.model, "weight_dtype": self.weight_dtype},
             "hardware": {"profile": self.hardware},
             "engine": self.engine.as_dict(),
             "slo": {"ttft_s": self.slo_ttft_s, "tpot_s": self.slo_tpot_s},
@@ -68,9 +123,10 @@ class RunConfig:
     @classmethod
     def from_toml(cls, path: str | Path) -> RunConfig:
         """Read a config written by a previous run (or by hand, with the same tables)."""
+        text = read_utf8(Path(path), str(path), ConfigError)
         try:
-            doc = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: {exc}") from None
         known = {"trace", "model", "hardware", "engine", "slo"}
         for key in doc:
@@ -82,6 +138,13 @@ class RunConfig:
         for key in engine:
             if key not in engine_fields:
                 raise ConfigError(f"{path}: engine.{key}: unknown setting")
+        model = doc.get("model", {})
+        weight_dtype = model.get("weight_dtype", engine.get("weight_dtype"))
+        if "weight_dtype" in engine and weight_dtype != engine["weight_dtype"]:
+            raise ConfigError(
+                f"{path}: model.weight_dtype {weight_dtype!r} disagrees with "
+                f"engine.weight_dtype {engine['weight_dtype']!r}; give one"
+            )
         try:
             return cls(
                 trace=trace.get("name", cls.trace),
@@ -93,7 +156,8 @@ class RunConfig:
                 trace_format=trace.get("format"),
                 tokenizer=trace.get("tokenizer"),
                 skip_bad_rows=trace.get("skip_bad_rows", False),
-                model=doc.get("model", {}).get("name", cls.model),
+                model=model.get("name", cls.model),
+                weight_dtype=weight_dtype,
                 hardware=doc.get("hardware", {}).get("profile", cls.hardware),
                 engine=EngineConfig(**engine),
                 slo_ttft_s=doc.get("slo", {}).get("ttft_s"),
@@ -105,15 +169,53 @@ class RunConfig:
 
 @dataclass
 class RunOutcome:
-    config: RunConfig
+    config: RunConfig  # as resolved: the weight dtype the run used is filled in
     result: RunResult
     summary: dict[str, object]
 
 
+def check_config(config: RunConfig) -> None:
+    """Refuse values the engine would take without complaint but cannot mean what was asked."""
+    engine = config.engine
+    seed = engine.seed
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"seed: expected a non-negative integer, got {seed!r}")
+    if not engine.policy.strip():
+        raise ConfigError(
+            "policy: expected a policy name (e.g. lru) or one per tier (hbm=lru,dram=arc), got ''"
+        )
+    if config.weight_dtype is not None:
+        weight_dtype_bytes(config.weight_dtype)  # unknown names fail here, listing the valid
+    settings = resolve_settings(engine)
+    used = sorted(set(settings.policies.values()))
+    for name, params in settings.policy_params.items():
+        if name not in used:
+            raise ConfigError(
+                f"policy parameter {name}.{next(iter(params))}: policy {name!r} is not used in "
+                f"this run (policies: {', '.join(used)})"
+            )
+        make_policy(name, params)  # types, names and finiteness of every value, before any work
+
+
+def resolve_weight_dtype(config: RunConfig, native: str) -> str:
+    """The weight dtype a run uses: the config's, else a non-default engine one, else `native`."""
+    if config.weight_dtype is not None:
+        return config.weight_dtype
+    default = EngineConfig.__dataclass_fields__["weight_dtype"].default
+    return config.engine.weight_dtype if config.engine.weight_dtype != default else native
+
+
 def run(config: RunConfig, progress: ProgressFn | None = None) -> RunOutcome:
     """Load everything the config names, simulate, and summarise. Raises KvsimError on bad input."""
+    check_config(config)
     slo = Slo(config.slo_ttft_s, config.slo_tpot_s)
     model = load_model(config.model)
+    weight_dtype = resolve_weight_dtype(config, model.weight_dtype)
+    config = dataclasses.replace(
+        config,
+        weight_dtype=weight_dtype,
+        engine=dataclasses.replace(config.engine, weight_dtype=weight_dtype),
+    )
     profile = load_profile(config.hardware)
     trace = load_trace(
         config.trace,
@@ -128,27 +230,355 @@ def run(config: RunConfig, progress: ProgressFn | None = None) -> RunOutcome:
         skip_bad_rows=config.skip_bad_rows,
     )
     result = simulate(trace, model, profile, config.engine, progress=progress)
-    summary = {
+    summary: dict[str, Any] = {
         "trace": config.trace,
         "skipped_rows": trace.skipped_rows,
+        "trace_warnings": list(trace.warnings),
         "model": model.name,
+        "weight_dtype": weight_dtype,
         "hardware": profile.name,
         "policy": config.engine.policy,
         **summarize(result, slo),
     }
+    summary["tiers_per_replica"] = tiers_per_replica(summary, profile, config.engine)
+    summary["run_warnings"] = run_warnings(summary, result, config.engine)
     return RunOutcome(config, result, summary)
 
 
-def write_outputs(outcome: RunOutcome, out_dir: str | Path) -> Path:
-    """requests.parquet, timeline.parquet, summary.json and config.toml; the summary is written
-    last, so a directory without it is an interrupted run, never one that looks complete."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    pq.write_table(outcome.result.requests, out / "requests.parquet")
-    if outcome.result.timeline is not None:
-        pq.write_table(outcome.result.timeline, out / "timeline.parquet")
-    (out / "config.toml").write_text(tomlwrite.dumps(outcome.config.as_dict()))
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(outcome.summary, indent=2) + "\n")
-    tmp.replace(out / "summary.json")
+# -- diagnostics -----------------------------------------------------------------------------------
+def tiers_per_replica(
+    summary: dict[str, Any], profile: Any, engine: EngineConfig
+) -> dict[str, dict[str, float]]:
+    """Each lower tier's capacity as one replica sees it, and the tier it is a share of.
+
+    `--tier dram=1TiB` is per node: a replica of tp GPUs gets tp / gpus_per_node of it (and of a
+    shared pool, a further 1 / shared_by_nodes). ``capacity_bytes`` is what the run used:
+    the tier's blocks (summed over replicas in the summary) per replica × bytes per tier block
+    (every rank's share of a block: kv_block_bytes_per_rank × tp).
+    """
+    resolved = resolve_profile(profile, resolve_settings(engine))
+    replicas = engine.replica_count
+    block_bytes = summary["kv_block_bytes_per_rank"] * engine.tp
+    out: dict[str, dict[str, float]] = {}
+    for name, stats in summary["tiers"].items():
+        spec = resolved.tier(name)
+        out[name] = {
+            "capacity_bytes": int(stats["capacity_blocks"] * block_bytes // replicas),
+            "tier_capacity_bytes": int(spec.capacity_bytes),
+            "share": replica_share(resolved, spec, engine.tp),
+            "shared_by_nodes": int(max(spec.shared_by_nodes, 1)) if name in SHARED_TIERS else 1,
+        }
     return out
+
+
+def format_tiers_per_replica(tiers: dict[str, dict[str, float]]) -> str:
+    """'dram 64.0 GiB (1/8 of 512.0 GiB per node), rdma …' for the terminal summary."""
+    parts = []
+    for name, t in tiers.items():
+        share = Fraction(t["share"]).limit_denominator(4096)
+        of = "all" if share == 1 else f"{share.numerator}/{share.denominator}"
+        whole = format_bytes(t["tier_capacity_bytes"])
+        if t["shared_by_nodes"] > 1:
+            where = f"of a {whole} pool shared by {t['shared_by_nodes']} nodes"
+        else:
+            where = f"of {whole} per node"
+        parts.append(f"{name} {format_bytes(t['capacity_bytes'])} ({of} {where})")
+    return ", ".join(parts)
+
+
+def nothing_completed(summary: dict[str, Any]) -> bool:
+    """True when a run had requests and completed none (`kvsim run` then exits 2)."""
+    return summary["requests"] > 0 and summary["completed"] == 0
+
+
+def run_warnings(summary: dict[str, Any], result: RunResult, engine: EngineConfig) -> list[str]:
+    """Why requests did not complete, and whether the replicas were overloaded."""
+    warnings = []
+    refused = _refusal(summary, result, engine)
+    if refused:
+        warnings.append(refused)
+    overload = _overload(summary, result, engine)
+    if overload:
+        warnings.append(overload)
+    return warnings
+
+
+def _refusal(summary: dict[str, Any], result: RunResult, engine: EngineConfig) -> str | None:
+    t = result.requests
+    status = t.column("status").to_numpy(zero_copy_only=False)
+    rejected = status == "rejected"
+    unfinished = int((status == "unfinished").sum())
+    n, completed = int(t.num_rows), int(summary["completed"])
+    if not rejected.any() and completed == n:
+        return None
+    head = f"{completed} of {n} requests completed"
+    parts = []
+    if rejected.any():
+        needs = (
+            t.column("input_tokens").to_numpy()[rejected]
+            + t.column("output_tokens").to_numpy()[rejected]
+        )
+        blocks, bs = int(summary["kv_blocks"]), engine.block_size
+        smallest = int(needs.min())
+        every = f"all {n}" if rejected.all() else str(int(rejected.sum()))
+        parts.append(
+            f"{every} were refused because each needs more KV blocks than a replica has "
+            f"(a replica holds {blocks:,} block{'s' if blocks != 1 else ''} of {bs} tokens = "
+            f"{blocks * bs:,} tokens; the smallest refused request needs {smallest:,} tokens "
+            f"of prompt and reply = {-(-smallest // bs):,} blocks)"
+        )
+    if unfinished:
+        parts.append(f"{unfinished} had not finished when the simulation ended")
+    hint = ""
+    if rejected.any():
+        hint = (
+            "; give each replica more KV: a larger or no --num-gpu-blocks, a larger --tp, "
+            "a smaller --kv-dtype or --weight-dtype, or a GPU with more HBM"
+            if engine.num_gpu_blocks is not None
+            else "; give each replica more KV: a larger --tp, a smaller --kv-dtype or "
+            "--weight-dtype, or a GPU with more HBM"
+        )
+    return f"{head}: " + "; ".join(parts) + hint
+
+
+def _overload(summary: dict[str, Any], result: RunResult, engine: EngineConfig) -> str | None:
+    t = result.requests
+    status = t.column("status").to_numpy(zero_copy_only=False)
+    done = status == "completed"
+    if not done.any():
+        return None
+    ttft = t.column("ttft_s").to_numpy()
+    prefill = t.column("first_token_s").to_numpy() - t.column("scheduled_s").to_numpy()
+    hint = (
+        "; serve it with more replicas (--replicas N with a --router) or offer less load "
+        "(--rate-scale below 1)"
+    )
+    per_replica = summary.get("per_replica")
+    if per_replica and "pd" not in summary and "replica" in t.column_names:
+        replica = t.column("replica").to_numpy()
+        hot = []
+        for r in per_replica:
+            mine = done & (replica == r["replica"])
+            figures = _overloaded(r["busy_fraction"], ttft[mine], prefill[mine])
+            if figures:
+                hot.append((r["replica"], figures))
+        if not hot:
+            return None
+        if len(hot) == len(per_replica):
+            busy, p50, pre = hot[0][1]
+            return (
+                f"the offered load exceeds what the {len(hot)} replicas can serve: each was busy "
+                f"at least {OVERLOAD_BUSY:.0%} of the time and its TTFT p50 is more than "
+                f"{OVERLOAD_TTFT_FACTOR:.0f}× its median prefill (replica {hot[0][0]}: "
+                f"{_secs(p50)} against {_secs(pre)}), so requests waited in queues" + hint
+            )
+        names = ", ".join(str(i) for i, _ in hot)
+        return (
+            f"replica(s) {names} of {len(per_replica)} were overloaded (busy at least "
+            f"{OVERLOAD_BUSY:.0%} of the time, TTFT p50 over {OVERLOAD_TTFT_FACTOR:.0f}× the "
+            "median prefill) while others had room: the router sends them more than they can "
+            "serve; try another --router, or more --replicas"
+        )
+    figures = _overloaded(summary["busy_fraction"], ttft[done], prefill[done])
+    if not figures:
+        return None
+    busy, p50, pre = figures
+    count = engine.replica_count
+    who = "1 replica" if count == 1 else f"the {count} replicas"
+    return (
+        f"the offered load exceeds what {who} can serve: busy {busy:.0%} of the time, and TTFT "
+        f"p50 ({_secs(p50)}) is {p50 / pre:,.0f}× the median prefill ({_secs(pre)}), so requests "
+        "spent most of their time waiting in the queue" + hint
+    )
+
+
+def _overloaded(
+    busy: float, ttft: np.ndarray, prefill: np.ndarray
+) -> tuple[float, float, float] | None:
+    """(busy, TTFT p50, median prefill) when they meet the overload rule, else None."""
+    if busy < OVERLOAD_BUSY or not len(ttft):
+        return None
+    p50, pre = float(np.median(ttft)), float(np.median(prefill))
+    if not (math.isfinite(p50) and math.isfinite(pre)) or pre <= 0:
+        return None
+    return (busy, p50, pre) if p50 > OVERLOAD_TTFT_FACTOR * pre else None
+
+
+def _secs(s: float) -> str:
+    return f"{s * 1000:,.0f} ms" if s < 1 else f"{s:,.1f} s"
+
+
+# -- JSON ------------------------------------------------------------------------------------------
+def json_safe(value: Any) -> Any:
+    """`value` with every NaN or infinite float (at any depth) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def summary_json(summary: dict[str, Any], indent: int | None = None) -> str:
+    """The summary as strict JSON: NaN and infinities become null, never bare NaN."""
+    return json.dumps(json_safe(summary), indent=indent, allow_nan=False)
+
+
+# -- results folders -------------------------------------------------------------------------------
+def is_complete(folder: str | Path) -> bool:
+    """True only for a results folder whose every file was written (it holds ``COMPLETE``)."""
+    return (Path(folder) / COMPLETE_MARKER).is_file()
+
+
+class ResultsFolder:
+    """Where one run's results go: checked and reserved before the run, filled after it.
+
+    Creating one checks the target (not a file; empty, or ``overwrite`` and holding only kvsim
+    results) and creates the temporary sibling it writes into, so an unwritable place fails
+    before any simulation. `write` fills it and renames it into place; `discard` removes it.
+    """
+
+    def __init__(self, out: str | Path, overwrite: bool = False) -> None:
+        self.out = Path(out)
+        self.overwrite = overwrite
+        self._check_target()
+        parent = self.out.parent
+        self._made: list[Path] = []  # parent folders this created, removed again by discard
+        missing = parent
+        while not missing.exists() and missing != missing.parent:
+            self._made.append(missing)
+            missing = missing.parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = _fresh_dir(parent, f"{self.out.name}.partial-")
+        except OSError as exc:
+            self._remove_made()
+            raise ConfigError(
+                f"{self.out}: cannot create the results folder there: {exc.strerror or exc}"
+            ) from None
+
+    def _check_target(self) -> None:
+        out = self.out
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"{out}: is a file, not a folder; give a folder for the results")
+        if not out.is_dir():
+            return
+        try:
+            entries = sorted(e.name for e in out.iterdir())
+        except OSError as exc:
+            raise ConfigError(f"{out}: cannot read the folder: {exc.strerror or exc}") from None
+        if not entries:
+            return
+        if not self.overwrite:
+            raise ConfigError(
+                f"{out}: folder is not empty; pass --overwrite to replace the results in it, "
+                "or choose another --out"
+            )
+        foreign = [name for name in entries if name not in RESULT_FILES]
+        if foreign:
+            raise ConfigError(
+                f"{out}: holds {foreign[0]!r}, which is not a kvsim result file; refusing to "
+                "replace the folder even with --overwrite"
+            )
+
+    def write(self, outcome: RunOutcome) -> Path:
+        """Write every result into the temporary folder, ``COMPLETE`` last, then rename it into
+        place. Raises ConfigError (the temporary folder removed) when a write fails."""
+        tmp = self.tmp
+        try:
+            pq.write_table(outcome.result.requests, tmp / "requests.parquet")
+            if outcome.result.timeline is not None:
+                pq.write_table(outcome.result.timeline, tmp / "timeline.parquet")
+            (tmp / "config.toml").write_text(tomlwrite.dumps(outcome.config.as_dict()))
+            (tmp / "summary.json").write_text(summary_json(outcome.summary, indent=2) + "\n")
+            (tmp / COMPLETE_MARKER).write_text(
+                f"kvsim {__version__}: every result file in this folder was written\n"
+            )
+        except OSError as exc:
+            self.discard()
+            raise ConfigError(f"{self.out}: cannot write results: {exc.strerror or exc}") from None
+        self._install()
+        return self.out
+
+    def _install(self) -> None:
+        try:
+            os.rename(self.tmp, self.out)  # onto a missing or empty folder only
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not self.overwrite:
+                aside = self._aside()
+                why = (
+                    "another run wrote its results there while this one ran"
+                    if exc.errno in (errno.ENOTEMPTY, errno.EEXIST)
+                    else f"cannot move the results into place: {exc.strerror or exc}"
+                )
+                raise ConfigError(f"{self.out}: {why}; this run's results are in {aside}") from None
+        self._check_target()  # still only kvsim results, or refuse
+        old = _fresh_dir(self.out.parent, f"{self.out.name}.old-")
+        try:
+            os.rename(self.out, old)  # the previous results, aside until the new ones are in
+        except OSError as exc:
+            old.rmdir()
+            aside = self._aside()
+            raise ConfigError(
+                f"{self.out}: cannot replace the folder ({exc.strerror or exc}); this run's "
+                f"results are in {aside}"
+            ) from None
+        try:
+            os.rename(self.tmp, self.out)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.rename(old, self.out)  # put the previous results back
+            aside = self._aside()
+            raise ConfigError(
+                f"{self.out}: cannot replace the folder ({exc.strerror or exc}); this run's "
+                f"results are in {aside}"
+            ) from None
+        shutil.rmtree(old, ignore_errors=True)
+
+    def _aside(self) -> Path:
+        """Move the finished temporary folder to the first free ``<out>-N`` and return it."""
+        n = 2
+        while True:
+            aside = self.out.with_name(f"{self.out.name}-{n}")
+            if not aside.exists():
+                try:
+                    os.rename(self.tmp, aside)
+                    return aside
+                except OSError:
+                    pass
+            n += 1
+            if n > 1000:
+                return self.tmp
+
+    def discard(self) -> None:
+        """Remove the temporary folder (and any parent folders this created)."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self._remove_made()
+
+    def _remove_made(self) -> None:
+        for folder in self._made:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+
+def _fresh_dir(parent: Path, prefix: str) -> Path:
+    """A new empty folder ``<parent>/<prefix><pid>-<random>``, with the user's umask (unlike
+    tempfile.mkdtemp's 0700, which the results folder would keep after the rename)."""
+    while True:
+        path = parent / f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+
+
+def write_outputs(outcome: RunOutcome, out_dir: str | Path, overwrite: bool = False) -> Path:
+    """requests.parquet, timeline.parquet, config.toml, summary.json and the ``COMPLETE`` marker,
+    written into a temporary sibling and renamed to `out_dir` when all are written (see the
+    module docstring). Refuses a non-empty `out_dir` unless `overwrite`."""
+    return ResultsFolder(out_dir, overwrite).write(outcome)

@@ -129,7 +129,7 @@ BAD = [
     (["run", "--rate", "-1"], "--rate"),
     (["run", "--max-requests", "0"], "--max-requests"),
     (["run", "--block-size", "0"], "block_size"),
-    (["size", "--model", "llama-3.1-405b"], "weights need"),
+    (["size", "--model", "llama-3.1-405b", "--tp", "0"], "--tp"),
     (["run", "--bogus"], "No such option"),
 ]
 

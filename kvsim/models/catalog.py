@@ -5,6 +5,11 @@ shape and one ``[[mlp_groups]]`` table per feed-forward shape; see ``llama-3.1-8
 plain case and ``deepseek-v3.toml`` / ``jamba-v0.1.toml`` for MLA, MoE and Mamba. Every value
 comes from the model's published config.json, named by ``hf_config``. Errors name the file and
 the field, because a typo in a data file should be a one-line fix.
+
+``weight_dtype`` (optional, default ``"bf16"``) is the dtype the published weights are served in,
+from the same config.json (``torch_dtype``, or ``quantization_config`` where the checkpoint is
+quantized: DeepSeek-V3 ships fp8). `kvsim run` and `kvsim size` use it when no
+``--weight-dtype`` is given.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import ConfigError, UnknownNameError
+from kvsim.models.dtypes import WEIGHT_DTYPE_BYTES
 from kvsim.models.spec import ATTENTION_KINDS, LayerGroup, MlpGroup, ModelSpec
 from kvsim.textio import read_utf8
 
@@ -29,8 +35,9 @@ _TOP_FIELDS: dict[str, type] = {
     "vocab_size": int,
     "tie_word_embeddings": bool,
     "norms_per_layer": int,
+    "weight_dtype": str,
 }
-_TOP_OPTIONAL = {"norms_per_layer"}
+_TOP_OPTIONAL = {"norms_per_layer", "weight_dtype"}
 _GROUP_FIELDS: dict[str, type] = {
     "kind": str,
     "layers": int,
@@ -157,6 +164,12 @@ class _Parser:
         top = {k: v for k, v in data.items() if k not in ("layer_groups", "mlp_groups")}
         self.check_table(top, _TOP_FIELDS, "", set(_TOP_FIELDS) - _TOP_OPTIONAL)
         hidden = top["hidden_size"]
+        weight_dtype = top.get("weight_dtype", "bf16")
+        if weight_dtype not in WEIGHT_DTYPE_BYTES:
+            raise self.fail(
+                "weight_dtype",
+                f"{weight_dtype!r} is not one of {', '.join(WEIGHT_DTYPE_BYTES)}",
+            )
         groups = tuple(
             self.layer_group(g, f"layer_groups[{i}].", hidden)
             for i, g in enumerate(self.array(data, "layer_groups"))
@@ -184,6 +197,7 @@ class _Parser:
             layer_groups=groups,
             mlp_groups=mlps,
             norms_per_layer=top.get("norms_per_layer", 2),
+            weight_dtype=weight_dtype,
         )
 
     def array(self, data: dict[str, Any], key: str) -> list[dict[str, Any]]:

@@ -96,6 +96,10 @@ class ModelSpec:
     layer_groups: tuple[LayerGroup, ...]
     mlp_groups: tuple[MlpGroup, ...]
     norms_per_layer: int = 2
+    #: The dtype the published weights are served in (the catalog's ``weight_dtype``): what a run
+    #: uses unless told otherwise. bf16 unless the model's config.json says else (DeepSeek-V3's
+    #: ``quantization_config`` makes it fp8).
+    weight_dtype: str = "bf16"
 
     @property
     def num_params(self) -> int:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -31,6 +33,34 @@ def _capacity(text: str) -> int:
     return blocks
 
 
+def _check_block_size(block_size: int | None) -> None:
+    if block_size is not None and (isinstance(block_size, bool) or block_size < 1):
+        raise ConfigError(f"--block-size: expected a positive number of tokens, got {block_size}")
+
+
+#: The formats `plot_mrc` writes, by file suffix.
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_plot_path(path: str | Path) -> Path:
+    """`path` if a figure can be written there, else ConfigError naming it: an image suffix
+    (.png, .svg, .pdf), an existing folder, and not a folder itself. Called before any replay."""
+    path = Path(path)
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise ConfigError(
+            f"--plot {path}: expected a file ending in {', '.join(PLOT_SUFFIXES)}, "
+            f"got {path.suffix or 'no suffix'!r}"
+        )
+    folder = path.parent
+    if not folder.is_dir():
+        raise ConfigError(f"--plot {path}: folder {folder} does not exist; create it first")
+    if path.is_dir():
+        raise ConfigError(f"--plot {path}: is a folder; give a file name such as mrc.png")
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"--plot {path}: folder {folder} is not writable")
+    return path
+
+
 def run_mrc(
     trace: str,
     policies: list[str],
@@ -48,12 +78,14 @@ def run_mrc(
         raise ConfigError(f"--policy-param: {unused[0]!r} is not among the policies replayed")
     if semantics not in SEMANTICS:
         raise ConfigError(f"semantics must be one of {', '.join(SEMANTICS)}, got {semantics!r}")
+    _check_block_size(block_size)
     for name in policies:
-        resolve_policy(name)  # fail on a bad name before any work
+        # fail on a bad name or parameter (type, NaN, infinity) before any work
+        resolve_policy(name)
+        if params.get(name):
+            make_policy(name, params[name])
     loaded = load_trace(trace, max_requests=max_requests)
     size = block_size or loaded.native_block_size or 16
-    if size < 1:
-        raise ConfigError(f"--block-size: must be at least 1 token, got {size}")
     seq = BlockSequence.from_trace(loaded, size)
     future = None
     results = []
@@ -69,8 +101,8 @@ def run_mrc(
     return results
 
 
-def plot_mrc(results: list[ReplayResult], path: str, title: str) -> None:
-    """Hit ratio against capacity, one line per policy, written as a PNG."""
+def plot_mrc(results: list[ReplayResult], path: str | Path, title: str) -> None:
+    """Hit ratio against capacity, one line per policy, written as PNG, SVG or PDF (by suffix)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,8 +120,12 @@ def plot_mrc(results: list[ReplayResult], path: str, title: str) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise ConfigError(f"--plot {path}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
 
 
 @click.command("mrc")
@@ -124,7 +160,7 @@ def plot_mrc(results: list[ReplayResult], path: str, title: str) -> None:
     "--plot",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Write a miss-ratio-curve PNG here.",
+    help="Write the miss-ratio curves here (.png, .svg or .pdf; the folder must exist).",
 )
 def mrc(
     trace: str,
@@ -140,6 +176,9 @@ def mrc(
     """Replay a trace's block accesses through eviction policies, without the engine."""
     policies = _split(policy, "policy")
     capacities = [_capacity(c) for c in _split(capacity, "capacity")]
+    _check_block_size(block_size)
+    if plot:
+        check_plot_path(plot)
     start = time.perf_counter()
     # KvsimError propagates: kvsim.cli.main prints it as one line and exits 2. Nothing is written
     # until every replay has finished, so a failing plugin leaves no complete-looking output.

@@ -49,6 +49,8 @@ def stats(source, fmt, block_size, as_json, plot, tokenizer, skip_bad_rows) -> N
 
     if block_size is not None and block_size < 1:
         raise KvsimError(f"--block-size: expected a positive integer, got {block_size}")
+    if plot:
+        _check_plot_dir(Path(plot))
     tr = _load(source, fmt, tokenizer, skip_bad_rows)
     _warn(tr.warnings)
     figures = trace_stats(tr, block_size)
@@ -83,6 +85,24 @@ def _warn(warnings: tuple[str, ...]) -> None:
         click.echo(f"warning: {warning}", err=True)
 
 
+def _check_out_file(out: Path) -> None:
+    """One line naming `out` when a file cannot be written there; checked before any work."""
+    if not out.parent.is_dir():
+        raise KvsimError(f"{out}: folder {out.parent} does not exist; create it first")
+    if out.is_dir():
+        raise KvsimError(f"{out}: is a folder; give a file name such as trace.parquet")
+
+
+def _check_plot_dir(out: Path) -> None:
+    """One line naming `out` when the histogram folder cannot be made there."""
+    if out.exists() and not out.is_dir():
+        raise KvsimError(f"--plot {out}: is a file; give a folder for the histograms")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KvsimError(f"--plot {out}: cannot create the folder: {exc.strerror or exc}") from None
+
+
 def _plot(tr, out: Path) -> None:
     import matplotlib
 
@@ -90,7 +110,6 @@ def _plot(tr, out: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    out.mkdir(parents=True, exist_ok=True)
     for column in ("input_tokens", "output_tokens"):
         values = tr.table.column(column).to_numpy()
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -102,8 +121,12 @@ def _plot(tr, out: Path) -> None:
         ax.set_ylabel("requests")
         ax.set_title(f"{tr.name}: {column}")
         fig.tight_layout()
-        fig.savefig(out / f"{column}.png", dpi=100)
-        plt.close(fig)
+        try:
+            fig.savefig(out / f"{column}.png", dpi=100)
+        except OSError as exc:
+            raise KvsimError(f"--plot {out}: cannot write: {exc.strerror or exc}") from None
+        finally:
+            plt.close(fig)
 
 
 @trace.command()
@@ -144,6 +167,10 @@ def synth(kind, n, seed, rate, out) -> None:
 
     if n < 1:
         raise KvsimError(f"--requests: expected a positive integer, got {n}")
+    _check_out_file(Path(out))
     tr = load_trace(kind, max_requests=n, seed=seed, rate=rate)
-    write_trace(tr, out)
+    try:
+        write_trace(tr, out)
+    except OSError as exc:
+        raise KvsimError(f"{out}: cannot write: {exc.strerror or exc}") from None
     click.echo(f"wrote {len(tr):,} {kind} requests (seed {seed}) to {out}")
