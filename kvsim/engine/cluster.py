@@ -233,6 +233,7 @@ class Attribution:
         self.best = np.zeros(n, dtype=np.int64)
         self.chosen = np.zeros(n, dtype=np.int64)
         self.exact = np.zeros(n, dtype=np.int64)  # what an exact-state router's pick held
+        self.last_of_session: dict[int, int] = {}
 
     def record(
         self,
@@ -249,10 +250,16 @@ class Attribution:
         ceiling = int(self.ceiling[i])
         a = min(view.live_match(chosen, route).blocks, usable)
         best = a
-        for r in range(len(view.replicas)):
-            if best >= ceiling:
-                break
-            best = max(best, min(view.live_match(r, route).blocks, usable))
+        if best < ceiling:
+            # the replica that served the session last is the likeliest holder: look there first
+            last = self.last_of_session.get(route.session_id)
+            if last is not None:
+                best = max(best, min(view.live_match(last, route).blocks, usable))
+            for r in range(len(view.replicas)):
+                if best >= ceiling:
+                    break
+                best = max(best, min(view.live_match(r, route).blocks, usable))
+        self.last_of_session[route.session_id] = chosen
         self.best[i] = best
         self.chosen[i] = a
         self.exact[i] = (

@@ -66,6 +66,7 @@ class Replica:
         self.running: list[Request] = []
         self.loading: list[Request] = []  # admitted, waiting for blocks from lower tiers
         self.run_reserved_blocks = 0  # blocks a coalesced decode run counted on: not for prefetch
+        self._run_need = 0  # blocks the steps `_coalescible_steps` last allowed will take
         self.iterations = 0
         self.coalesced_steps = 0
         self.busy_s = 0.0
@@ -331,15 +332,19 @@ class Replica:
         steps = min(steps, MAX_COALESCED_STEPS)
         computed, held = self._block_counts(running)
         available = self.kv.pool.available
-        if self._blocks_needed(computed, held, steps) <= available:
+        need = self._blocks_needed(computed, held, steps)
+        if need <= available:
+            self._run_need = need
             return steps
-        lo, hi = 0, steps  # largest step count whose blocks fit
+        lo, lo_need, hi = 0, 0, steps  # largest step count whose blocks fit
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self._blocks_needed(computed, held, mid) <= available:
-                lo = mid
+            need = self._blocks_needed(computed, held, mid)
+            if need <= available:
+                lo, lo_need = mid, need
             else:
                 hi = mid - 1
+        self._run_need = lo_need
         return lo
 
     def _decode_run(self, steps: int):
@@ -347,7 +352,7 @@ class Replica:
         running = list(self.running)  # the batch of this run; a load may append to the list
         contexts = np.fromiter((r.computed for r in running), dtype=np.float64, count=len(running))
         ends = self.cost.decode_run_ends_s(contexts, steps)
-        self.run_reserved_blocks = self._blocks_needed(*self._block_counts(running), steps)
+        self.run_reserved_blocks = self._run_need  # counted by _coalescible_steps
         start = env.now
         self._wake = env.event()
         yield env.timeout(float(ends[-1])) | self._wake

@@ -30,7 +30,7 @@ from kvsim.hardware.profile import HardwareProfile
 from kvsim.kvcache import BlockPool
 from kvsim.kvcache.link import Link
 from kvsim.kvcache.manager import KVCacheManager
-from kvsim.metrics.requests import requests_table
+from kvsim.metrics.requests import RequestLog
 from kvsim.metrics.timeline import Timeline, link_report, pd_link_report, tier_report
 from kvsim.models import ModelSpec, kv_bytes_per_block, kv_bytes_per_token
 from kvsim.policies import make_policy
@@ -207,30 +207,35 @@ def simulate(
     # re-rotating a reused token's keys reads and writes them once (an elementwise pass)
     rerotate_s = token_bytes / (profile.gpu.hbm_bandwidth_bytes_per_s * profile.efficiency.memory)
     follows = source.next_turns()
-    requests = [
-        Request(i, int(source.input_tokens[i]), int(source.output_tokens[i]))
-        for i in range(source.n)
-    ]
     capacity_tokens = num_blocks * config.block_size
     completed = 0
-    rejected = np.zeros(source.n, dtype=bool)
+    log = RequestLog(source.n, sum(1 for t in profile.tiers if t.name != "hbm" and t.enabled))
+    live: dict[int, Request] = {}  # issued or about to be, not yet recorded
+
+    def request(i: int) -> Request:
+        req = live[i] = Request(i, int(source.input_tokens[i]), int(source.output_tokens[i]))
+        return req
+
     replicas: list[Replica] = []
 
     def on_finish(req: Request) -> None:
         nonlocal completed
         completed += 1
+        log.record(req)
+        del live[req.index]
         if progress is not None:
             progress(completed, source.n)
         nxt = follows.get(req.index)
         if nxt is not None:
             think = float(source.think_time_s[nxt])
-            env.timeout(think).callbacks.append(lambda _ev, r=requests[nxt]: issue(r))
+            turn = request(nxt)
+            env.timeout(think).callbacks.append(lambda _ev, r=turn: issue(r))
             replica = replicas[req.replica]
             if replica.hierarchy and config.prefetch:
                 # the session will continue: bring its blocks up before the next turn is due
                 # (towards the replica that served it, where a session-aware router sends it)
                 lead = max(think - config.prefetch_lead_s, 0.0)
-                env.timeout(lead).callbacks.append(lambda _ev, r=requests[nxt]: replica.prefetch(r))
+                env.timeout(lead).callbacks.append(lambda _ev, r=turn: replica.prefetch(r))
 
     for index, role in enumerate(roles):
         policy = make_policy(settings.policies["hbm"], settings.params_of("hbm"))
@@ -294,7 +299,7 @@ def simulate(
         timeline.wake()
         if req.input_tokens + req.output_tokens > capacity_tokens:
             # like a prompt beyond max_model_len: it can never fit, so it is refused at once
-            rejected[req.index] = True
+            log.rejected[req.index] = True
             req.arrival_s = env.now
             req.finish_s = env.now
             on_finish(req)
@@ -314,7 +319,7 @@ def simulate(
             delay = float(source.arrival_s[i]) - env.now
             if delay > 0:
                 yield env.timeout(delay)
-            issue(requests[i])
+            issue(request(i))
 
     def refreshes():
         while completed < source.n:
@@ -328,12 +333,11 @@ def simulate(
     env.run()
     wall_s = time.perf_counter() - wall_start
     is_cluster = count > 1
-    table = requests_table(
-        source, requests, rejected, replicas[0].kv.hierarchy, cluster=is_cluster, pd=bool(split)
-    )
+    for req in live.values():  # still in the system: unfinished
+        log.record(req)
+    table = log.table(source, replicas[0].kv.hierarchy, cluster=is_cluster, pd=bool(split))
     first = float(np.min(source.arrival_s)) if source.n else 0.0
-    finished = [r.finish_s for r in requests if r.finish_s >= 0]
-    end = max(finished) if finished else first
+    end = log.end_s(first)
     hierarchies = [r.kv.hierarchy for r in replicas if r.kv.hierarchy is not None]
     links = link_report(hierarchies)
     if split is not None:

@@ -43,13 +43,19 @@ def reused_blocks(
     last = offsets[1:][extra > 0] - 1
     hashes[last], tokens[last] = out_hash[extra > 0], out_tok[extra > 0]
     b_off, b_hash = batch_block_hashes(offsets, hashes, tokens, block_size)
-    row = np.repeat(np.arange(n), np.diff(b_off))
-    k = np.arange(b_hash.size) - b_off[row]
+    del hashes, tokens, own, dst
+    # a block hits when an earlier block has its hash: after a stable sort, every block of a
+    # run of equal hashes but the first (the earliest) is a hit
+    order = np.argsort(b_hash, kind="stable")
+    ordered = b_hash[order]
+    del b_hash
+    seen_before = np.empty(ordered.size, dtype=bool)
+    seen_before[order] = np.concatenate(([False], ordered[1:] == ordered[:-1]))
+    del order, ordered
+    row = np.repeat(np.arange(n, dtype=np.int32), np.diff(b_off))
+    k = np.arange(row.size, dtype=np.int64) - b_off[row]
     cap = inputs // block_size if cap_blocks is None else cap_blocks
-    in_prompt = k < cap[row]
-    _, first_idx, inverse = np.unique(b_hash, return_index=True, return_inverse=True)
-    first_row = row[first_idx][inverse]
-    hit = in_prompt & (first_row < row)
+    hit = seen_before & (k < cap[row])
     return np.bincount(row[hit], minlength=n).astype(np.int64)
 
 
