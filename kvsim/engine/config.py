@@ -164,6 +164,10 @@ class EngineConfig:
             )
         if not self.router.strip():
             raise ConfigError("engine.router: expected a router name, got ''")
+        if not self.policy.strip():
+            raise ConfigError("engine.policy: expected a policy name, got ''")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"engine.seed: expected a non-negative integer, got {self.seed!r}")
         for name in ("prefetch_lead_s", "timeline_interval_s", "router_refresh_s"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not value >= 0:

@@ -157,6 +157,7 @@ class Replica:
         running = self.running
         preempted = False
         i = 0
+        kv.hold_writes()  # released before admission, which looks blocks up below HBM
         while i < len(running) and budget > 0:
             req = running[i]
             n = min(req.known - req.computed, budget)
@@ -173,6 +174,7 @@ class Replica:
                 i += 1
                 continue
             break  # the current request preempted itself
+        kv.release_writes()
         if not preempted:
             self._admit(batch, budget)
         return batch
@@ -379,6 +381,7 @@ class Replica:
         now = self.env.now
         kv = self.kv
         finished = False
+        kv.hold_writes()
         for req in batch:
             need = self._blocks_for(req.computed + steps) - req.table.held_blocks
             ok = kv.allocate_slots(req, need)
@@ -392,5 +395,6 @@ class Replica:
             if req.generated >= req.output_tokens:
                 self._finish(req, now)
                 finished = True
+        kv.release_writes()
         if finished:
             self.running = [r for r in self.running if r.finish_s < 0]

@@ -136,6 +136,7 @@ class Hierarchy:
             else:
                 assert tier.where is self.shared_where, "shared tiers share one placement map"
         self.info = BlockInfo(size_bytes=block_bytes)
+        self._held: list[int] | None = None  # write-backs collected by hold_writes
 
     def __bool__(self) -> bool:
         return bool(self.tiers)
@@ -237,7 +238,21 @@ class Hierarchy:
         """HBM evicted these blocks: write down the ones no tier below holds (write-back)."""
         if not self.tiers or self.write_through:
             return
+        if self._held is not None:
+            self._held.extend(keys)
+            return
         self._write(0, self._not_below(keys))
+
+    def hold_writes(self) -> None:
+        """Collect write-backs until `release_writes`: blocks evicted one by one in the same
+        instant (a decode step that crosses block boundaries in many requests) go down as one
+        transfer per tier, not one each. Nothing reads the placement map in between."""
+        self._held = []
+
+    def release_writes(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            self._write(0, self._not_below(held))
 
     def computed_in_hbm(self, keys: list[int]) -> None:
         """HBM just computed (or loaded) these blocks. Write-through copies them down now; an

@@ -193,6 +193,15 @@ class KVCacheManager:
         self.block_ops += need
         return True
 
+    def hold_writes(self) -> None:
+        """Batch the write-backs of the evictions that follow, until `release_writes`."""
+        if self.hierarchy is not None:
+            self.hierarchy.hold_writes()
+
+    def release_writes(self) -> None:
+        if self.hierarchy is not None:
+            self.hierarchy.release_writes()
+
     def commit(self, req: Request, now_s: float) -> None:
         """Offer the request's newly full blocks to the prefix cache."""
         table = req.table
