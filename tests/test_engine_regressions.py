@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvsim.engine import EngineConfig
 from kvsim.run import RunConfig, run
@@ -50,3 +52,29 @@ def test_idle_stretches_cost_no_timeline_samples():
         assert len(timeline["time_s"]) < 20
         assert day in timeline["time_s"]  # woken by the arrival, sampled at once
         assert result.requests.column("status").to_pylist() == ["completed", "completed"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.floats(0, 1e9), min_size=1, max_size=6),  # arrival times, any gap, any clock
+    st.sampled_from(["hbm", "hbm,dram"]),
+    st.integers(1, 3),
+)
+def test_no_gap_or_clock_makes_the_timeline_grow_without_bound(arrivals, tiers, replicas):
+    """Samples are taken only while something is in the system: their count is bounded by the
+    busy time over the interval plus one per arrival, whatever the gaps and the clock."""
+    from helpers import Req, make_trace
+
+    from kvsim.engine import simulate
+    from kvsim.hardware import load_profile
+    from kvsim.models import load_model
+
+    reqs = [Req([(i % 2, 300)], 30, arrival_s=t) for i, t in enumerate(sorted(arrivals))]
+    engine = EngineConfig(tiers=tiers, replicas=replicas, num_gpu_blocks=200)
+    result = simulate(
+        make_trace(reqs), load_model("llama-3.1-8b"), load_profile("h100-sxm"), engine
+    )
+    rows = result.timeline.num_rows
+    busy = sum(float(e) for e in result.requests.column("e2e_s").to_pylist())
+    assert rows <= busy / engine.timeline_interval_s + 3 * len(reqs) + 2
+    assert result.requests.column("status").to_pylist() == ["completed"] * len(reqs)
