@@ -239,11 +239,3 @@ class GuardedRouter(Router):
         except Exception as exc:
             raise self._fail("choose_prefill", f"raised {_describe(exc)}") from exc
         return self._checked("choose_prefill", replica, candidates)
-
-    def finished(self, request: RouteRequest, replica: int) -> None:
-        try:
-            self.inner.finished(request, replica)
-        except KvsimError:
-            raise
-        except Exception as exc:
-            raise self._fail("finished", f"raised {_describe(exc)}") from exc

@@ -140,6 +140,3 @@ class Router:
         """Under P/D, the prefill replica for a request whose decode replica is chosen.
         By default the same rule as `choose`."""
         return self.choose(request, view, candidates)
-
-    def finished(self, request: RouteRequest, replica: int) -> None:
-        """`request` finished on `replica` (routers that count their own traffic use this)."""
