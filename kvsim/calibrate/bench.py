@@ -93,6 +93,13 @@ def last_level_cache_bytes(device: torch.device) -> int:
     return best or 64 * MiB
 
 
+def device_memory_bytes(device: torch.device) -> int:
+    """Memory of the device: the GPU's, or the machine's physical memory for a CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 Piece = tuple[Callable[[], Any], tuple[torch.Tensor, ...]]  # a call and the activations it reads
 
 
@@ -198,8 +205,16 @@ def pieces_sampler(timer: Timer, pieces: list[Piece]) -> Callable[[], Sample]:
     return lambda: {f"piece{j}": timer.once(fn, warm) for j, (fn, warm) in enumerate(pieces)}
 
 
+Progress = Callable[[int, int, float], None]  # (visits done, visits in all, seconds left)
+
+
 def measure(
-    probes: list[Probe], rounds: int, reps: int, warmup: int, target_s: float
+    probes: list[Probe],
+    rounds: int,
+    reps: int,
+    warmup: int,
+    target_s: float,
+    progress: Progress | None = None,
 ) -> list[dict[str, Timing]]:
     """Time every probe ``rounds`` times over, interleaved: ``reps`` calls a round, or up to 8x
     as many when that many fit in ``target_s``. Returns each probe's median time by part.
@@ -208,14 +223,24 @@ def measure(
     over 1.5 s windows of one forward pass varied 1.8x on the 2-core build box). Visiting every
     point once per round, in alternating order, spreads those phases over the kernels and the
     forward passes alike, so their medians stay comparable.
+
+    ``progress`` is called after every visit with the visits done, the visits in all and the
+    seconds of timing left: in the first round a visit not yet made costs the mean first visit
+    so far (building, warming up, timing); a later visit of a kept probe costs its calls (and
+    the settling one) at the seconds per call of its last visit, a rebuilt probe's its whole
+    last visit; probes not yet visited, the mean of those that were.
     """
     built: list[Callable[[], Sample] | None] = [None] * len(probes)
     samples: list[dict[str, list[float]]] = [{} for _ in probes]
     calls: list[int] = [reps] * len(probes)
     settle: list[int] = [p.settle for p in probes]
+    visit0: list[float | None] = [None] * len(probes)  # wall seconds of each first visit
+    later: list[float | None] = [None] * len(probes)  # ... expected of each later visit
+    visits, done = rounds * len(probes), 0
     for r in range(rounds):
         order = range(len(probes)) if r % 2 == 0 else range(len(probes) - 1, -1, -1)
         for i in order:
+            started = time.perf_counter()
             sampler = built[i]
             if sampler is None:
                 sampler = probes[i].build()
@@ -228,13 +253,39 @@ def measure(
                     calls[i] = max(reps, min(8 * reps, int(target_s / first)))
                     if first > 10 * target_s:  # long enough to settle itself as it runs
                         settle[i] = 0
+            timed = time.perf_counter()
             for _ in range(settle[i] if r else 0):
                 sampler()
             for _ in range(calls[i]):
                 for part, seconds in sampler().items():
                     samples[i].setdefault(part, []).append(seconds)
             del sampler
+            now = time.perf_counter()
+            visit0[i] = now - started if r == 0 else visit0[i]
+            per_call = (now - timed) / (calls[i] + (settle[i] if r else 0))
+            later[i] = per_call * (calls[i] + settle[i]) if probes[i].keep else now - started
+            done += 1
+            if progress is not None:
+                progress(done, visits, _seconds_left(visit0, later, r, rounds, done))
     return [{part: summarize(v) for part, v in s.items()} for s in samples]
+
+
+def _seconds_left(
+    visit0: list[float | None], later: list[float | None], r: int, rounds: int, done: int
+) -> float:
+    """Estimated seconds of the visits ``measure`` has left (see there)."""
+
+    def known(values: list[float | None]) -> list[float]:
+        seen = [v for v in values if v is not None]
+        mean = sum(seen) / len(seen)
+        return [mean if v is None else v for v in values]
+
+    n = len(later)
+    made = done - r * n  # visits of round r made; odd rounds go backwards
+    pending = range(made, n) if r % 2 == 0 else range(n - made)
+    cost = known(later)
+    this_round = known(visit0) if r == 0 else cost
+    return sum(this_round[i] for i in pending) + sum(cost) * (rounds - r - 1)
 
 
 def total(parts: dict[str, Timing]) -> Timing:
@@ -243,17 +294,19 @@ def total(parts: dict[str, Timing]) -> Timing:
     return Timing(seconds, sum(t.spread * t.seconds for t in parts.values()) / seconds)
 
 
-def layer_sampler(decoder: Any, batch: Any, device: torch.device) -> Callable[[], Sample]:
+def layer_sampler(
+    decoder: Any, batch: Any, device: torch.device, copies: int | None = None
+) -> Callable[[], Sample]:
     """Per-part seconds (GEMM roles, elementwise, attention) of one decoder layer on ``batch``.
 
-    Each call runs the next of the decoder's layer copies, so a copy's weights and KV cache
-    are as cold when it comes round again as a layer's are in a whole forward pass, and each
-    op runs right after the op before it, as in the forward. Op boundaries are CUDA events on
-    a GPU (read after the layer), ``cpu_clock`` stamps on a CPU.
+    Each call runs the next of the decoder's first ``copies`` layers (default: all), so a
+    copy's weights and KV cache are as cold when it comes round again as a layer's are in a
+    whole forward pass, and each op runs right after the op before it, as in the forward. Op
+    boundaries are CUDA events on a GPU (read after the layer), ``cpu_clock`` stamps on a CPU.
     """
-    state = decoder.prepare(batch)
+    copies = copies or len(decoder.layers)
+    state = decoder.prepare(batch, copies)
     x = randn((batch.tokens, decoder.model.hidden_size), decoder.dtype, device, 1.0)
-    copies = len(decoder.layers)
     for i in range(copies):  # first touch of every copy's outputs, untimed
         decoder.layer(i, x, batch, state)
     turn = itertools.count()

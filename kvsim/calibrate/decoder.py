@@ -9,7 +9,6 @@ and sliding-window GQA models with dense MLPs are supported; MLA and MoE are not
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,36 +26,10 @@ from kvsim.calibrate.ops import (
     rope_qkv,
     rope_tables,
 )
+from kvsim.calibrate.plan import Batch
 from kvsim.errors import ConfigError
 from kvsim.hardware.measured import supported
 from kvsim.models import ModelSpec
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One iteration: prefill chunks (new tokens, cached context) and ``decode`` sequences that
-    all sit at ``decode_context`` (one context keeps the batched decode kernel honest)."""
-
-    name: str
-    prefill: tuple[tuple[int, int], ...] = ()
-    decode: int = 0
-    decode_context: int = 0
-    kind: str = field(default="")
-
-    @property
-    def tokens(self) -> int:
-        return sum(n for n, _ in self.prefill) + self.decode
-
-    @property
-    def decode_contexts(self) -> list[int]:
-        return [self.decode_context] * self.decode
-
-    @property
-    def label(self) -> str:
-        parts = [f"prefill {n}+{c}" if c else f"prefill {n}" for n, c in self.prefill]
-        if self.decode:
-            parts.append(f"decode {self.decode}x{self.decode_context}")
-        return ", ".join(parts)
 
 
 def _no_mark(_part: str) -> None:
@@ -67,9 +40,11 @@ class RandomDecoder:
     """Layers of random weights of ``model``'s per-rank shape; ``forward(batch)`` runs one
     iteration on caches filled beforehand (``prepare``), so only the forward is timed.
 
-    ``layers`` builds fewer layers than the model has: the microbenchmarks run single layers
-    of such a decoder, cycling through enough copies that each copy's weights and KV cache are
-    as cold when it runs again as a layer's are in the whole forward pass.
+    ``layers`` builds fewer layers than the model has (calibration builds the few layers of
+    its timed shapes, ``kvsim.calibrate.plan``): the forward pass runs them all, and the
+    microbenchmarks run single layers of the first few, cycling through enough copies that
+    each copy's weights and KV cache are as cold when it runs again as a layer's are in the
+    whole forward pass.
     """
 
     def __init__(
@@ -100,8 +75,9 @@ class RandomDecoder:
         )
         self.final_norm = torch.ones(model.hidden_size, dtype=dtype, device=device)
 
-    def prepare(self, batch: Batch) -> dict[str, Any]:
-        """Token ids, positions and per-layer KV caches (prefix filled) for ``batch``."""
+    def prepare(self, batch: Batch, layers: int | None = None) -> dict[str, Any]:
+        """Token ids, positions and per-layer KV caches (prefix filled) for ``batch``, for the
+        first ``layers`` layers (default: all)."""
         s = self.shape
         window = s.window
         positions = []
@@ -111,7 +87,7 @@ class RandomDecoder:
         pos = torch.cat(positions).to(self.device)
         cos, sin = rope_tables(pos, s.head_dim)
         caches = []
-        for _ in self.layers:
+        for _ in self.layers[: layers or len(self.layers)]:
             per = []
             for new, ctx in batch.prefill:
                 kept = min(ctx, window) if window else ctx

@@ -182,11 +182,17 @@ def report_markdown(c: Calibration, model: ModelSpec, plots: list[Path], base: P
         f"{m['warmup']} warm-up and at least {m['repetitions']} timed calls per point in "
         f"{m.get('rounds', 1)} interleaved rounds, medians; "
         "spread = interquartile range / median",
+        f"- timed shapes: {c.shapes}" if c.shapes else "- timed shapes: the model's",
         f"- fitted per-iteration overhead: {m['overhead_s'] * 1e6:.1f} µs",
         f"- storage: {c.storage_note}",
         "",
         "## Held-out shapes (measured, not used for fitting)",
         "",
+        *(
+            ["Timed on the shapes above and scaled to the model's as the tables are.", ""]
+            if any("scale" in g for g in m["gemm"].values()) or "scale" in m["elementwise"]
+            else []
+        ),
         "| kernel family | points | median error | worst error |",
         "|---|---|---|---|",
     ]
@@ -195,6 +201,13 @@ def report_markdown(c: Calibration, model: ModelSpec, plots: list[Path], base: P
     lines += ["", "## End to end: one forward pass of a random-weight decoder", ""]
     if c.forward:
         med, worst = c.forward_errors() or (0.0, 0.0)
+        layers = c.forward[0].get("layers")
+        if layers:
+            lines += [
+                f"{layers} layers of the timed shapes, predicted from their own tables "
+                "(before scaling to the model's).",
+                "",
+            ]
         lines += [
             f"Median absolute error **{_pct(med)}**, worst **{_pct(worst)}** "
             "(target: median < 10%, worst < 25%).",

@@ -10,10 +10,9 @@ slow phases fall on all of them alike.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime as dt
-import itertools
-import math
 import os
 import platform
 import statistics
@@ -23,8 +22,20 @@ from typing import Any
 import torch
 
 from kvsim.calibrate import bench
-from kvsim.calibrate.decoder import Batch, RandomDecoder
+from kvsim.calibrate.decoder import RandomDecoder
 from kvsim.calibrate.ops import TORCH_DTYPES, LayerWeights, attn_shape
+from kvsim.calibrate.plan import (
+    LAYER_ROLES,
+    Batch,
+    Budget,
+    Plan,
+    ShapePlan,
+    budget_for,
+    kv_tokens,
+    make_plan,
+    midpoints,
+    plan_shapes,
+)
 from kvsim.calibrate.write import cpu_profile, gpu_profile
 from kvsim.errors import ConfigError
 from kvsim.hardware.measured import (
@@ -37,124 +48,9 @@ from kvsim.hardware.measured import (
     supported,
 )
 from kvsim.hardware.profile import HardwareProfile
-from kvsim.models import ModelSpec
+from kvsim.models import ModelSpec, check_tp
 
-MiB = 1 << 20
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What to measure: fit grids, held-out points, transfer sizes and forward-pass batches."""
-
-    tokens: list[int]
-    tokens_held: list[int]
-    prefill: list[int]
-    prefill_held: list[int]
-    cached_ratio: int  # cached prefix = ratio x new tokens
-    decode_batch: list[int]
-    decode_context: list[int]
-    decode_held: list[tuple[int, int]]
-    copy_bytes: list[int]
-    storage_bytes: list[int]
-    storage_file_bytes: int
-    fit_batches: list[Batch]
-    batches: list[Batch]
-    warmup: int = 2
-    reps: int = 2  # timed calls of each point per round
-    rounds: int = 3  # interleaved passes over every point
-    target_s: float = 1e-3  # a point's calls per round fill this (copies: one repetition)
-
-
-def _mid(values: list[int]) -> list[int]:
-    return [round(math.sqrt(a * b)) for a, b in itertools.pairwise(values)]
-
-
-def make_plan(device: str, quick: bool) -> Plan:
-    """Grids sized so ``--quick`` finishes in seconds on a CPU (tiny model) and in under five
-    minutes on a GPU; the full plan sweeps further."""
-    cuda = device == "cuda"
-    if cuda:
-        tokens = [1, 4, 16, 64, 256, 1024, 4096] + ([] if quick else [8192, 16384])
-        prefill = [64, 256, 1024, 4096] + ([] if quick else [8192, 16384])
-        batch = [1, 4, 16, 64, 256]
-        context = [128, 512, 2048, 8192] + ([] if quick else [32768])
-        copy = [4096 * 4**i for i in range(10 if quick else 12)]
-        storage = [MiB, 4 * MiB, 16 * MiB, 64 * MiB]
-        fit = [
-            Batch("fit-prefill", ((64, 0),)),
-            Batch("fit-decode", (), 1, 128),
-            Batch("fit-decode-4", (), 4, 512),
-            Batch("fit-mixed", ((64, 0),), 4, 256),
-        ]
-        batches = [
-            Batch("prefill 1x2048", ((2048, 0),), kind="prefill-only"),
-            Batch("prefill 3 prompts", ((512, 0), (1024, 0), (300, 0)), kind="prefill-only"),
-            Batch("prefill after prefix", ((512, 1536),), kind="prefill-only"),
-            Batch("decode 32x1000", (), 32, 1000, kind="decode-only"),
-            Batch("decode 128x3000", (), 128, 3000, kind="decode-only"),
-            Batch("decode 8x6000", (), 8, 6000, kind="decode-only"),
-            Batch("mixed 512 + 64x1500", ((512, 0),), 64, 1500, kind="mixed"),
-            Batch("mixed 256+768 + 24x4000", ((256, 768),), 24, 4000, kind="mixed"),
-        ]
-        return Plan(
-            tokens,
-            _mid(tokens),
-            prefill,
-            _mid(prefill),
-            3,
-            batch,
-            context,
-            [(2, 256), (8, 1024), (32, 4096), (128, 1000)],
-            copy,
-            storage,
-            256 * MiB,
-            fit,
-            batches,
-            warmup=2,
-            reps=3 if quick else 5,
-            rounds=3 if quick else 5,
-            target_s=2e-3,
-        )
-    tokens = [1, 4, 16, 64, 256] + ([] if quick else [1024, 4096])
-    prefill = [16, 64, 256] + ([] if quick else [1024])
-    batch = [1, 4, 16] + ([] if quick else [64])
-    context = [64, 256, 1024] + ([] if quick else [4096])
-    copy = [64 * 1024 * 4**i for i in range(5 if quick else 7)]
-    storage = [MiB, 4 * MiB] + ([] if quick else [16 * MiB])
-    fit = [  # small, and none of the compositions checked below
-        Batch("fit-prefill", ((16, 0),)),
-        Batch("fit-decode", (), 1, 64),
-        Batch("fit-decode-4", (), 4, 128),
-        Batch("fit-mixed", ((16, 0),), 2, 64),
-    ]
-    batches = [
-        Batch("prefill 1x200", ((200, 0),), kind="prefill-only"),
-        Batch("prefill 3 prompts", ((64, 0), (100, 0), (30, 0)), kind="prefill-only"),
-        Batch("prefill after prefix", ((48, 144),), kind="prefill-only"),
-        Batch("decode 8x300", (), 8, 300, kind="decode-only"),
-        Batch("decode 12x700", (), 12, 700, kind="decode-only"),
-        Batch("mixed 64 + 8x200", ((64, 0),), 8, 200, kind="mixed"),
-        Batch("mixed 32+96 + 6x500", ((32, 96),), 6, 500, kind="mixed"),
-    ]
-    return Plan(
-        tokens,
-        _mid(tokens),
-        prefill,
-        _mid(prefill),
-        3,
-        batch,
-        context,
-        [(2, 128), (8, 512)],
-        copy,
-        storage,
-        16 * MiB if quick else 64 * MiB,
-        fit,
-        batches,
-        warmup=1 if quick else 2,
-        reps=1 if quick else 2,
-        rounds=5 if quick else 7,
-        target_s=6e-3 if quick else 2e-2,
-    )
+__all__ = ["Calibration", "Plan", "calibrate", "make_plan", "scale_tables"]
 
 
 @dataclass
@@ -167,6 +63,7 @@ class Calibration:
     forward: list[dict[str, Any]]
     storage_note: str
     notes: list[str] = field(default_factory=list)
+    shapes: str = ""  # what was timed (``ShapePlan.describe``)
 
     def held_out_errors(self) -> dict[str, tuple[float, float]]:
         """Family -> (median, worst) absolute relative error on held-out shapes."""
@@ -226,13 +123,20 @@ def calibrate(
     storage_dir: str | None = None,
     threads: int | None = None,
     log: Any = None,
+    progress: bench.Progress | None = None,
+    budget: Budget | None = None,
+    sweep: Plan | None = None,
 ) -> Calibration:
     """Measure every kernel family for ``model`` on ``device`` and check the fit.
 
     ``base`` (a shipped GPU profile) supplies the roofline that extrapolation relaxes to; with
     None (a CPU run) the best measured rates stand in for the peaks. ``threads`` sets torch's
     CPU threads for the run (default on a CPU: 1, which a busy machine cannot stall the way it
-    stalls a spin-waiting thread pool).
+    stalls a spin-waiting thread pool). ``log(message)`` hears each phase; ``progress(done,
+    total, seconds_left)`` each timed point (``bench.measure``). ``budget`` bounds the timed
+    shapes (default ``plan.budget_for``: on a CPU with ``quick``, layers of at most 48 MiB,
+    scaled back to the model's; see ``kvsim.calibrate.plan``); ``sweep`` the sizes (default
+    ``make_plan``).
     """
     saved = torch.get_num_threads()
     if threads is None and device == "cpu":
@@ -240,17 +144,20 @@ def calibrate(
     if threads:
         torch.set_num_threads(threads)
     try:
-        return _calibrate(model, base, name, device, tp, quick, dtype, kv_dtype, storage_dir, log)
+        run = (model, base, name, device, tp, quick, dtype, kv_dtype, storage_dir)
+        return _calibrate(*run, log=log, progress=progress, budget=budget, sweep=sweep)
     finally:
         torch.set_num_threads(saved)
 
 
-def _calibrate(model, base, name, device, tp, quick, dtype, kv_dtype, storage_dir, log):
-    """``calibrate`` once torch's thread count is set."""
-    say = log or (lambda _msg: None)
+def _calibrate(model, base, name, device, tp, quick, dtype, kv_dtype, storage_dir, **hooks):
+    """``calibrate`` once torch's thread count is set; ``hooks``: log, progress, budget, sweep."""
+    say = hooks["log"] or (lambda _msg: None)
+    progress, budget, sweep = hooks["progress"], hooks["budget"], hooks["sweep"]
     reason = supported(model)
     if reason:
         raise ConfigError(f"kvsim calibrate supports dense full/sliding/MLA models; {reason}")
+    check_tp(model, tp)
     if dtype not in TORCH_DTYPES:
         raise ConfigError(f"--dtype: expected one of {sorted(TORCH_DTYPES)}, got {dtype!r}")
     if kv_dtype != dtype:
@@ -259,34 +166,41 @@ def _calibrate(model, base, name, device, tp, quick, dtype, kv_dtype, storage_di
         raise ConfigError("--device cuda: PyTorch sees no CUDA device here; use --device cpu")
     dev = torch.device(device)
     tdtype = TORCH_DTYPES[dtype]
-    plan = make_plan(device, quick)
-    shapes = gemm_shapes(model, tp)
-    weight_bytes = sum(g.k * g.n * g.calls for g in shapes.values()) * tdtype.itemsize
-    scrub = min(weight_bytes, 2 * bench.last_level_cache_bytes(dev))
+    plan = sweep or make_plan(device, quick)
+    llc = bench.last_level_cache_bytes(dev)
+    budget = budget or budget_for(device, quick, bench.device_memory_bytes(dev))
+    shaped = plan_shapes(model, tp, tdtype.itemsize, budget, llc, kv_tokens(plan, device))
+    spec = shaped.spec  # what is timed: one rank's shapes (or a proxy), at tp=1
+    shapes = gemm_shapes(spec, 1)
+    scrub = shaped.scrub_bytes  # as large as the model's weights (not the proxy's) or 2 x LLC
     timer = bench.Timer(dev, plan.warmup, plan.reps, plan.target_s, scrub_bytes=scrub)
     copy_timer = bench.Timer(dev, plan.warmup, plan.reps * plan.rounds, plan.target_s)
-    shape = attn_shape(model, tp)
+    shape = attn_shape(spec, 1)
     torch.manual_seed(0)
     notes: list[str] = []
+    say(f"shapes: {shaped.describe()}")
     with torch.inference_mode():
         say("building probes")
         probes = _Probes()
         decoder = None
         try:
-            decoder = RandomDecoder(model, tp, tdtype, dev)
+            decoder = RandomDecoder(spec, 1, tdtype, dev, layers=shaped.layers)
         except ConfigError as exc:
             notes.append(f"no end-to-end check: {exc}")
         layer_roles = set(_LAYER_ROLES) & set(shapes) if decoder is not None else set()
-        if layer_roles == set(_LAYER_ROLES):
-            _layer_probes(probes, plan, model, tp, tdtype, dev, shapes)
+        if decoder is not None and layer_roles == set(_LAYER_ROLES):
+            _layer_probes(probes, plan, decoder, shaped.copies, dev)
         else:
             layer_roles = set()
-            _kernel_probes(probes, plan, model, tp, tdtype, dev, shape, timer)
+            _kernel_probes(probes, plan, spec, tdtype, dev, shape, timer)
         for gname, g in shapes.items():  # the LM head, and every GEMM a layer did not time
             if gname in layer_roles:
                 continue
-            w = bench.randn((g.n, g.k), tdtype, dev)
-            bias = bench.randn((g.n,), tdtype, dev) if g.bias else None
+            if gname == "lm_head" and decoder is not None:
+                w, bias = decoder.lm_head, None  # (vocab, hidden): the same matrix, not a copy
+            else:
+                w = bench.randn((g.n, g.k), tdtype, dev)
+                bias = bench.randn((g.n,), tdtype, dev) if g.bias else None
             for part, rows in (("fit", plan.tokens), ("held", plan.tokens_held)):
                 for m in rows:
                     probes.add(
@@ -309,7 +223,7 @@ def _calibrate(model, base, name, device, tp, quick, dtype, kv_dtype, storage_di
             f"timing {len(probes.probes)} points ({how}"
             f"{', forward passes' if decoder else ''}) in {plan.rounds} interleaved rounds"
         )
-        t = probes.run(plan)
+        t = probes.run(plan, progress)
         del decoder, probes  # the probes' tensors (a GPU's KV caches) go now
 
         gemm: dict[str, Any] = {}
@@ -344,20 +258,20 @@ def _calibrate(model, base, name, device, tp, quick, dtype, kv_dtype, storage_di
             }
             copy_held[direction] = [
                 (b, bench.time_copy(copy_timer, b, direction, dev).seconds)
-                for b in _mid(plan.copy_bytes)
+                for b in midpoints(plan.copy_bytes)
             ]
     say("storage reads")
     storage = bench.time_storage(
         plan.storage_bytes, plan.storage_file_bytes, storage_dir, dev, max(3, plan.reps)
     )
     info = device_info(dev)
-    measured: dict[str, Any] = {
+    timed: dict[str, Any] = {  # the tables of the timed shapes; scaled to the model's below
         "format": FORMAT,
         **info,
         "device_kind": device,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "model": model.name,
-        "tp": tp,
+        "model": spec.name,
+        "tp": 1,
         "dtype": dtype,
         "kv_dtype": kv_dtype,
         "quick": quick,
@@ -389,8 +303,8 @@ def _calibrate(model, base, name, device, tp, quick, dtype, kv_dtype, storage_di
             "spread": [x.spread for x in storage.timings],
         },
     }
-    profile = _profile(name, base, measured, storage_dir)
-    cost = _cost_model(model, profile, measured, tp, dtype, kv_dtype)
+    profile = _profile(name, base, timed, storage_dir)
+    cost = _cost_model(spec, profile, timed, 1, dtype, kv_dtype)
 
     # held-out shapes, predicted by the interpolation of the fit points only
     held: dict[str, list[tuple[str, float, float]]] = {"gemm": []}
@@ -436,13 +350,13 @@ def _calibrate(model, base, name, device, tp, quick, dtype, kv_dtype, storage_di
             - cost.iteration_time_s(list(b.prefill), b.decode_contexts)
             for i, b in enumerate(plan.fit_batches)
         ]
-        measured["overhead_s"] = max(0.0, statistics.median(residuals))
-        profile = _profile(name, base, measured, storage_dir)
-        cost = _cost_model(model, profile, measured, tp, dtype, kv_dtype)
+        timed["overhead_s"] = max(0.0, statistics.median(residuals))
+        profile = _profile(name, base, timed, storage_dir)
+        cost = _cost_model(spec, profile, timed, 1, dtype, kv_dtype)
         roofline = make_cost_model(
-            model,
+            spec,
             dataclasses.replace(profile, measured={}),
-            tp=tp,
+            tp=1,
             kv_dtype=kv_dtype,
             weight_dtype=dtype,
         )
@@ -453,16 +367,70 @@ def _calibrate(model, base, name, device, tp, quick, dtype, kv_dtype, storage_di
                     "kind": b.kind,
                     "batch": b.label,
                     "tokens": b.tokens,
+                    "layers": shaped.layers,
                     "measured_s": t[("forward", "check", i)].seconds,
                     "spread": t[("forward", "check", i)].spread,
                     "predicted_s": cost.iteration_time_s(list(b.prefill), b.decode_contexts),
                     "roofline_s": roofline.iteration_time_s(list(b.prefill), b.decode_contexts),
                 }
             )
+    measured = scale_tables(timed, shaped)
+    profile = _profile(name, base, measured, storage_dir)
+    _cost_model(model, profile, measured, tp, dtype, kv_dtype)  # the model's tables price it
+    held = {family: _scale_held(family, rows, shaped) for family, rows in held.items()}
     storage_note = f"{storage.path} path, {storage.method} reads from a file in {storage.directory}"
-    calib = Calibration(measured, profile, held, forward, storage_note, notes)
-    measured["validation"] = _validation_doc(calib)
+    calib = Calibration(measured, profile, held, forward, storage_note, notes, shaped.describe())
+    measured["validation"] = _validation_doc(calib, shaped)
     return calib
+
+
+def scale_tables(timed: dict[str, Any], shaped: ShapePlan) -> dict[str, Any]:
+    """The ``[measured]`` tables of ``shaped.model`` at ``shaped.tp`` from those of the timed
+    shapes: each GEMM at the model's ``k``, ``n`` and calls with its seconds times its scale,
+    attention and elementwise times by theirs (``kvsim.calibrate.plan``). A scaled table
+    keeps its factor as ``scale`` (and a GEMM its timed ``timed_k`` / ``timed_n``), which the
+    cost model ignores. Copies, storage and the fixed overhead do not depend on the shapes."""
+    out = copy.deepcopy(timed)
+    out["model"], out["tp"] = shaped.model.name, shaped.tp
+    real = gemm_shapes(shaped.model, shaped.tp)
+    gemm = {}
+    for role, doc in timed["gemm"].items():
+        g, s = real[role], shaped.gemm_scale[role]
+        entry = {**doc, "k": g.k, "n": g.n, "calls": g.calls, "per": g.per}
+        if s != 1.0:
+            entry["seconds"] = [x * s for x in doc["seconds"]]
+            entry |= {"timed_k": doc["k"], "timed_n": doc["n"], "scale": s}
+        gemm[role] = entry
+    out["gemm"] = gemm
+    for key, s in (
+        ("elementwise", shaped.elementwise_scale),
+        ("prefill_attention", shaped.attention_scale),
+        ("prefill_attention_cached", shaped.attention_scale),
+    ):
+        if s != 1.0 and key in out:
+            out[key]["seconds"] = [x * s for x in out[key]["seconds"]]
+            out[key]["scale"] = s
+    s = shaped.attention_scale
+    if s != 1.0:
+        d = out["decode_attention"]
+        d["seconds"] = [[x * s for x in row] for row in d["seconds"]]
+        d["scale"] = s
+    return out
+
+
+def _scale_held(
+    family: str, rows: list[tuple[str, float, float]], shaped: ShapePlan
+) -> list[tuple[str, float, float]]:
+    """Held-out (label, measured, predicted) rows at the model's shapes, as the tables are."""
+    if family == "gemm":
+        scales = [shaped.gemm_scale[label.split()[0]] for label, _, _ in rows]
+    elif family == "elementwise":
+        scales = [shaped.elementwise_scale] * len(rows)
+    elif "attention" in family:
+        scales = [shaped.attention_scale] * len(rows)
+    else:  # copies
+        return rows
+    return [(lbl, m * s, p * s) for (lbl, m, p), s in zip(rows, scales, strict=True)]
 
 
 def _profile(name, base, measured, storage_dir) -> HardwareProfile:
@@ -494,16 +462,13 @@ def _cost_model(model, profile, measured, tp, dtype, kv_dtype) -> MeasuredCostMo
     )
 
 
-_LAYER_ROLES = ("qkv", "o", "gate_up", "down")
+_LAYER_ROLES = LAYER_ROLES
 
 
-def _layer_probes(probes, plan: Plan, model: ModelSpec, tp: int, tdtype, dev, shapes) -> None:
-    """GEMMs, elementwise work and attention timed inside single decoder layers: one probe per
-    batch shape, each giving every part it runs (token sweeps run as one prompt, no prefix)."""
-    layer_bytes = sum(shapes[r].k * shapes[r].n for r in _LAYER_ROLES) * tdtype.itemsize
-    llc = bench.last_level_cache_bytes(dev)
-    copies = min(model.num_layers, max(1, math.ceil(2 * llc / layer_bytes)))
-    decoder = RandomDecoder(model, tp, tdtype, dev, layers=copies)
+def _layer_probes(probes, plan: Plan, decoder: RandomDecoder, copies: int, dev) -> None:
+    """GEMMs, elementwise work and attention timed inside single decoder layers (cycling the
+    decoder's first ``copies`` layers): one probe per batch shape, each giving every part it
+    runs (token sweeps run as one prompt, no prefix)."""
     outputs: dict[Batch, dict[tuple, str | None]] = {}
 
     def want(batch: Batch, key: tuple, part: str) -> None:
@@ -524,27 +489,26 @@ def _layer_probes(probes, plan: Plan, model: ModelSpec, tp: int, tdtype, dev, sh
         for b, c in points:
             want(Batch("layer", (), b, c), ("decode", part, b, c), "attention")
     s = decoder.shape
-    kv_per_token = copies * s.kv_heads * (s.head_dim + s.v_dim) * tdtype.itemsize
+    kv_per_token = copies * s.kv_heads * (s.head_dim + s.v_dim) * decoder.dtype.itemsize
     for batch, keys in outputs.items():
-        cached = sum(n + c for n, c in batch.prefill) + batch.decode * (batch.decode_context + 1)
         probes.add(  # KV caches over 1 GiB are rebuilt each round, so an 80 GB GPU holds them
-            lambda batch=batch: bench.layer_sampler(decoder, batch, dev),
+            lambda batch=batch: bench.layer_sampler(decoder, batch, dev, copies),
             keys,
-            keep=cached * kv_per_token <= 1 << 30,
+            keep=batch.cached * kv_per_token <= 1 << 30,
         )
 
 
-def _kernel_probes(probes, plan, model, tp, tdtype, dev, shape, timer) -> None:
+def _kernel_probes(probes, plan, spec: ModelSpec, tdtype, dev, shape, timer) -> None:
     """Elementwise work and attention, each alone after a cache scrub, for models the decoder
     cannot run (MLA); the caller adds every GEMM role the same way."""
-    weights = LayerWeights(model, shape, tp, tdtype, dev)
+    weights = LayerWeights(spec, shape, 1, tdtype, dev)
     for part, rows in (("fit", plan.tokens), ("held", plan.tokens_held)):
         for m in rows:
             probes.add(
                 lambda m=m: bench.pieces_sampler(
                     timer,
                     bench.elementwise_probe_pieces(
-                        weights, shape, model.hidden_size, m, tdtype, dev
+                        weights, shape, spec.hidden_size, m, tdtype, dev
                     ),
                 ),
                 {("elementwise", part, m): None},
@@ -594,8 +558,10 @@ class _Probes:
         self.probes.append(bench.Probe(build, keep, settle))
         self.outputs.append(outputs)
 
-    def run(self, plan: Plan) -> dict[tuple, bench.Timing]:
-        results = bench.measure(self.probes, plan.rounds, plan.reps, plan.warmup, plan.target_s)
+    def run(self, plan: Plan, progress: bench.Progress | None = None) -> dict[tuple, bench.Timing]:
+        results = bench.measure(
+            self.probes, plan.rounds, plan.reps, plan.warmup, plan.target_s, progress
+        )
         out = {}
         for parts, outputs in zip(results, self.outputs, strict=True):
             for key, part in outputs.items():
@@ -603,8 +569,8 @@ class _Probes:
         return out
 
 
-def _validation_doc(c: Calibration) -> dict[str, Any]:
-    doc: dict[str, Any] = {}
+def _validation_doc(c: Calibration, shaped: ShapePlan) -> dict[str, Any]:
+    doc: dict[str, Any] = {"timed_shapes": shaped.describe(), "forward_layers": shaped.layers}
     for family, (median, worst) in c.held_out_errors().items():
         key = family.replace(" ", "_").replace("(", "").replace(")", "")
         doc[f"{key}_median_error"] = round(median, 4)
