@@ -24,6 +24,7 @@ import simpy
 
 from kvsim.engine.replica import Replica
 from kvsim.engine.request import Request
+from kvsim.errors import ConfigError
 from kvsim.hardware.measured import CostModel
 from kvsim.kvcache.block_table import BlockTable
 from kvsim.kvcache.link import Link
@@ -307,7 +308,7 @@ class Cluster:
         pd_split: tuple[int, int] | None,
         pd_threshold: int | None,
         kv_bytes_per_token: int,
-        fabric: Link,
+        fabric: Link | None,
         nvlinks: dict[int, Link],
         attribution: Attribution,
         shadow: Router | None = None,
@@ -343,6 +344,12 @@ class Cluster:
         for replica in replicas:
             replica.on_prefilled = self._prefilled
             replica.pull = self._pull
+        nodes = {replicas[i].node for i in (*self.prefill_ids, *self.decode_ids)}
+        if fabric is None and len(nodes) > 1:
+            raise ConfigError(
+                "pd: prefill and decode replicas span nodes, but the hardware profile has no "
+                "rdma tier to give the network between them a bandwidth"
+            )
 
     def _route_request(self, req: Request) -> RouteRequest:
         """`req` as routers see it; the view starts a new decision."""
@@ -415,6 +422,7 @@ class Cluster:
         req.transfer_bytes += nbytes
         same_node = self.replicas[source].node == dest.node
         link = self.nvlinks[source] if same_node else self.fabric
+        assert link is not None, "checked when the cluster was built"
         done = link.transfer(nbytes)
         done.callbacks.append(lambda _ev: self._release(req, source, table))
         return done

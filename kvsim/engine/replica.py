@@ -254,12 +254,14 @@ class Replica:
     def _complete(self, batch: list[tuple[Request, int]]) -> None:
         now = self.env.now
         kv = self.kv
+        bs = self.block_size
         finished = False
         handed: list[Request] = []
         for req, n in batch:
             req.computed += n
             self.outstanding_tokens -= n
-            kv.commit(req, now)
+            if req.computed // bs > req.table.processed_blocks:  # a block filled up
+                kv.commit(req, now)
             if req.computed == req.known:
                 if req.handoff is not None:  # a prefill replica's work is done: hand it on
                     handed.append(req)
@@ -380,6 +382,7 @@ class Replica:
         running list during the run, e.g. when its load finished, did not)."""
         now = self.env.now
         kv = self.kv
+        bs = self.block_size
         finished = False
         kv.hold_writes()
         for req in batch:
@@ -391,7 +394,8 @@ class Replica:
             req.computed += steps
             req.generated += steps
             req.known += steps
-            kv.commit(req, now)
+            if req.computed // bs > req.table.processed_blocks:  # a block filled up
+                kv.commit(req, now)
             if req.generated >= req.output_tokens:
                 self._finish(req, now)
                 finished = True

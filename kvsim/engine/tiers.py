@@ -52,10 +52,15 @@ def _link(env: simpy.Environment, profile: HardwareProfile, tier: TierSpec, gpus
     return Link(env, tier.name, read, write, tier.latency_s)
 
 
-def fabric_link(env: simpy.Environment, profile: HardwareProfile, tp: int, replicas: int) -> Link:
+def fabric_link(
+    env: simpy.Environment, profile: HardwareProfile, tp: int, replicas: int
+) -> Link | None:
     """The cluster's one inter-node fabric: every node's NICs (the rdma tier's per-node
     bandwidth, tp/gpus_per_node of a node per replica) pooled into one processor-sharing link,
-    so remote-pool reads, write-backs, prefetches and P/D hand-offs all slow each other."""
+    so remote-pool reads, write-backs, prefetches and P/D hand-offs all slow each other.
+    None for a profile that describes no rdma tier (a single machine, e.g. a CPU calibration)."""
+    if not any(spec.name == "rdma" for spec in profile.tiers):
+        return None
     return _link(env, profile, profile.tier("rdma"), tp * replicas)
 
 
@@ -66,7 +71,7 @@ def build_shared_tiers(
     settings: TierSettings,
     block_bytes: int,
     replicas: int,
-    fabric: Link,
+    fabric: Link | None,
 ) -> dict[str, LowerTier]:
     """The enabled shared tiers, built once: the cluster's share of the pool (each replica's
     share, summed, at most the whole pool) behind one link. rdma rides the fabric."""
@@ -76,7 +81,10 @@ def build_shared_tiers(
         if spec.name not in SHARED_TIERS or not spec.enabled:
             continue
         share = min(replicas * replica_share(profile, spec, config.tp), 1.0)
-        link = fabric if spec.name == "rdma" else _link(env, profile, spec, config.tp * replicas)
+        if spec.name == "rdma" and fabric is not None:
+            link = fabric
+        else:
+            link = _link(env, profile, spec, config.tp * replicas)
         out[spec.name] = LowerTier(
             name=spec.name,
             index=-1,  # set by each hierarchy: the same in all, since all enable the same tiers

@@ -171,11 +171,11 @@ def link_report(hierarchies: list[Hierarchy]) -> dict[str, dict[str, float]]:
 
 
 def pd_link_report(
-    fabric: Link, nvlinks: list[Link], tier_links: dict[str, dict[str, float]]
+    fabric: Link | None, nvlinks: list[Link], tier_links: dict[str, dict[str, float]]
 ) -> dict[str, dict[str, float]]:
     """The P/D hand-off paths: NVLink within nodes and, unless the rdma tier already reports
     it (the same link), the fabric between nodes."""
     out = {"pd_nvlink": _links_summary(nvlinks)}
-    if "rdma" not in tier_links:
+    if "rdma" not in tier_links and fabric is not None:
         out["fabric"] = _links_summary([fabric])
     return out

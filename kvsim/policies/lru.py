@@ -39,7 +39,8 @@ class LRU(EvictionPolicy):
     def add_many(
         self, keys: list[int], positions: list[int], parents: list[int], info: BlockInfo
     ) -> None:
-        stamps = range(self._clock + 1, self._clock + 1 + len(keys))
+        # one int object per stamp, shared by the dict and the queue (a range would make two)
+        stamps = list(range(self._clock + 1, self._clock + 1 + len(keys)))
         self._clock += len(keys)
         self._stamp.update(zip(keys, stamps, strict=True))
         self._keys.extend(keys)
@@ -61,8 +62,9 @@ class LRU(EvictionPolicy):
             self._compact()
 
     def _compact(self) -> None:
-        """Drop consumed and stale entries once they outnumber live ones: O(live) memory."""
-        if len(self._keys) - self._head > 2 * len(self._stamp) + 4096:
+        """Drop consumed and stale entries once they outnumber live ones: O(live) memory
+        (at most twice the live entries, and amortised O(1) per operation)."""
+        if len(self._keys) - self._head > len(self._stamp) + 4096:
             keys = self._keys[self._head :]
             stamps = self._stamps[self._head :]
             live = list(map(eq, map(self._stamp.get, keys), stamps))
