@@ -27,7 +27,9 @@ Diagnostics in the summary: ``trace_warnings`` (the trace loader's plausibility 
   ``OVERLOAD_TTFT_FACTOR`` × its median prefill time (first token − first scheduled), i.e.
   requests mostly waited in the queue: the offered load is more than the replicas can serve.
   A lightly loaded replica has a TTFT p50 within a few prefill times even when decode keeps it
-  busy all the time, so the ratio, not the busy fraction alone, is the signal.
+  busy all the time, so the ratio, not the busy fraction alone, is the signal;
+- a setting for a tier the run does not enable (`--tier nvme=1TB`, `--policy nvme=arc` without
+  nvme in `--tiers`), which does nothing.
 """
 
 from __future__ import annotations
@@ -122,23 +124,68 @@ class RunConfig:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> RunConfig:
-        """Read a config written by a previous run (or by hand, with the same tables)."""
+        """Read a config written by a previous run (or by hand, with the same tables).
+
+        Every table, key and value is checked here (a table is a table, a count an integer
+        below 2^63, a rate a finite number, a name a string), so a wrong one is one ConfigError
+        line naming the file and the key, never an AttributeError or TypeError later in the run.
+        """
         text = read_utf8(Path(path), str(path), ConfigError)
         try:
             doc = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
-        known = {"trace", "model", "hardware", "engine", "slo"}
-        for key in doc:
-            if key not in known:
-                raise ConfigError(f"{path}: unknown table [{key}]; expected {sorted(known)}")
-        trace = doc.get("trace", {})
-        engine_fields = {f.name for f in dataclasses.fields(EngineConfig)}
-        engine = doc.get("engine", {})
-        for key in engine:
-            if key not in engine_fields:
-                raise ConfigError(f"{path}: engine.{key}: unknown setting")
-        model = doc.get("model", {})
+            raise ConfigError(f"{path}: {' '.join(str(exc).split())}") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: invalid TOML: nested too deeply to parse") from None
+        except ValueError as exc:  # an integer of more than 4300 digits
+            raise ConfigError(f"{path}: invalid TOML: {' '.join(str(exc).split())}") from None
+        kinds = {"int": int, "float": float, "str": str, "bool": bool}
+        schema: dict[str, dict[str, type]] = {
+            "trace": {"name": str, "max_requests": int, "rate": float, "rate_scale": float,
+                      "arrival": str, "cv": float, "format": str, "tokenizer": str,
+                      "skip_bad_rows": bool},
+            "model": {"name": str, "weight_dtype": str},
+            "hardware": {"profile": str},
+            "engine": {f.name: kinds[str(f.type).split("|")[0].strip()]
+                       for f in dataclasses.fields(EngineConfig)},
+            "slo": {"ttft_s": float, "tpot_s": float},
+        }  # fmt: skip
+
+        def key_name(key: str) -> str:  # a key with a newline must not break the line
+            return key if key.isprintable() else repr(key)
+
+        def value(kind: type, got: object, where: str) -> object:
+            def bad(expected: str) -> ConfigError:
+                return ConfigError(f"{path}: {where}: expected {expected}, got {got!r:.60}")
+
+            if kind is bool and type(got) is not bool:
+                raise bad("true or false")
+            if kind is int and (type(got) is not int or not -(2**63) <= got < 2**63):
+                raise bad("an integer below 2^63")
+            if kind is float:
+                if type(got) not in (int, float) or not -1e300 < got < 1e300:  # NaN fails too
+                    raise bad("a finite number")
+                return float(got)
+            if kind is str and (not isinstance(got, str) or "\x00" in got):
+                raise bad("a string (without NUL characters)")
+            return got
+
+        tables: dict[str, dict[str, Any]] = {}
+        for name, got in doc.items():
+            if name not in schema:
+                raise ConfigError(
+                    f"{path}: unknown table [{key_name(name)}]; expected {sorted(schema)}"
+                )
+            if not isinstance(got, dict):
+                raise ConfigError(f"{path}: {name}: expected a [{name}] table, got {got!r:.60}")
+            tables[name] = {}
+            for key, item in got.items():
+                if key not in schema[name]:
+                    what = "unknown setting" if name == "engine" else "unknown key"
+                    valid = ", ".join(schema[name])
+                    raise ConfigError(f"{path}: {name}.{key_name(key)}: {what}; valid: {valid}")
+                tables[name][key] = value(schema[name][key], item, f"{name}.{key}")
+        trace, model, engine = (tables.get(k, {}) for k in ("trace", "model", "engine"))
         weight_dtype = model.get("weight_dtype", engine.get("weight_dtype"))
         if "weight_dtype" in engine and weight_dtype != engine["weight_dtype"]:
             raise ConfigError(
@@ -158,10 +205,10 @@ class RunConfig:
                 skip_bad_rows=trace.get("skip_bad_rows", False),
                 model=model.get("name", cls.model),
                 weight_dtype=weight_dtype,
-                hardware=doc.get("hardware", {}).get("profile", cls.hardware),
+                hardware=tables.get("hardware", {}).get("profile", cls.hardware),
                 engine=EngineConfig(**engine),
-                slo_ttft_s=doc.get("slo", {}).get("ttft_s"),
-                slo_tpot_s=doc.get("slo", {}).get("tpot_s"),
+                slo_ttft_s=tables.get("slo", {}).get("ttft_s"),
+                slo_tpot_s=tables.get("slo", {}).get("tpot_s"),
             )
         except TypeError as exc:
             raise ConfigError(f"{path}: {exc}") from None
@@ -300,7 +347,7 @@ def run_warnings(summary: dict[str, Any], result: RunResult, engine: EngineConfi
     overload = _overload(summary, result, engine)
     if overload:
         warnings.append(overload)
-    return warnings
+    return warnings + result.warnings  # settings for tiers the run does not use
 
 
 def _refusal(summary: dict[str, Any], result: RunResult, engine: EngineConfig) -> str | None:

@@ -97,15 +97,19 @@ def clusters(draw):
                 session_id=shared,
             )
         )
+    tiers = draw(st.sampled_from(["hbm", "hbm,dram", "hbm,dram,rdma", "hbm,rdma,pfs"]))
+    sizes = {"dram": "4MiB", "rdma": "6MiB", "pfs": "8MiB"}
+    below = [t for t in tiers.split(",") if t != "hbm"]
+    policies = ["lru", "s3fifo"] + (["hbm=lru,rdma=arc"] if "rdma" in below else [])
     engine = dict(
         block_size=bs,
         num_gpu_blocks=draw(st.integers(60, 200)),
         max_num_batched_tokens=draw(st.sampled_from([256, 2048])),
         router=draw(st.sampled_from(builtin_router_names())),
         router_refresh_s=draw(st.sampled_from([0.0, 0.05, 1.0])),
-        tiers=draw(st.sampled_from(["hbm", "hbm,dram", "hbm,dram,rdma", "hbm,rdma,pfs"])),
-        tier_capacity="dram=4MiB,rdma=6MiB,pfs=8MiB",
-        policy=draw(st.sampled_from(["lru", "s3fifo", "hbm=lru,rdma=arc"])),
+        tiers=tiers,
+        tier_capacity=",".join(f"{t}={sizes[t]}" for t in below),
+        policy=draw(st.sampled_from(policies)),
     )
     if draw(st.booleans()):
         engine["pd"] = f"{draw(st.integers(1, 2))}:{draw(st.integers(1, 3))}"

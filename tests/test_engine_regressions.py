@@ -78,3 +78,19 @@ def test_no_gap_or_clock_makes_the_timeline_grow_without_bound(arrivals, tiers, 
     busy = sum(float(e) for e in result.requests.column("e2e_s").to_pylist())
     assert rows <= busy / engine.timeline_interval_s + 3 * len(reqs) + 2
     assert result.requests.column("status").to_pylist() == ["completed"] * len(reqs)
+
+
+@pytest.mark.parametrize(
+    ("engine", "needle"),
+    [
+        (dict(tier_capacity="nvme=1TB"), "tier capacity nvme: tier nvme is not enabled"),
+        (dict(policy="hbm=lru,nvme=arc"), "policy nvme: tier nvme is not enabled"),
+        (dict(admission="cxl=second-chance"), "admission cxl: tier cxl is not enabled"),
+    ],
+)
+def test_settings_for_a_tier_not_enabled_say_so(engine, needle):
+    """`--tier nvme=1TB` or `--policy nvme=arc` without nvme in the run's tiers did nothing,
+    silently; now the run warns (on stderr, and in the summary's run_warnings)."""
+    outcome = run(RunConfig(max_requests=3, engine=EngineConfig(**engine)))
+    assert any(needle in w for w in outcome.summary["run_warnings"])
+    assert outcome.summary["completed"] == 3

@@ -27,9 +27,21 @@ class TierSettings:
     admissions: dict[str, str]  # tier -> admission rule
     tiers: list[str] | None  # the tiers to enable (None: the profile's)
     capacities: dict[str, str] | None  # tier -> size text, per node (None: the profile's)
+    named: dict[str, str]  # tier -> the option that named it (policy, admission)
 
     def params_of(self, tier: str) -> dict[str, Any] | None:
         return self.policy_params.get(self.policies[tier])
+
+    def unused(self, enabled: list[str]) -> list[str]:
+        """Settings for tiers the run does not use: they do nothing, and the user should know."""
+        wanted = dict(self.named)
+        wanted.update(dict.fromkeys(self.capacities or {}, "tier capacity"))
+        return [
+            f"{option} {tier}: tier {tier} is not enabled (enabled: {', '.join(enabled)}), so "
+            f"this setting does nothing; add it with --tiers {','.join([*enabled, tier])}"
+            for tier, option in wanted.items()
+            if tier not in enabled
+        ]
 
 
 def per_tier(text: str, option: str, default: str) -> dict[str, str]:
@@ -47,6 +59,13 @@ def per_tier(text: str, option: str, default: str) -> dict[str, str]:
             raise UnknownNameError("tier", name, list(TIER_ORDER))
         out[name] = value
     return out
+
+
+def _named(text: str, option: str) -> dict[str, str]:
+    """The tiers a per-tier string names explicitly ('hbm=lru,nvme=arc' -> hbm, nvme)."""
+    if "=" not in text:
+        return {}
+    return {part.partition("=")[0].strip(): option for part in text.split(",")}
 
 
 def _tier_list(text: str | None) -> list[str] | None:
@@ -85,4 +104,5 @@ def resolve_settings(config: EngineConfig) -> TierSettings:
         admissions=admissions,
         tiers=_tier_list(config.tiers),
         capacities=_capacities(config.tier_capacity),
+        named={**_named(config.policy, "policy"), **_named(config.admission, "admission")},
     )

@@ -72,6 +72,7 @@ class RunResult:
     router: str = ""  # set for a cluster run
     attribution: Attribution | None = None
     pd: dict[str, int] = field(default_factory=dict)  # set for a P/D run
+    warnings: list[str] = field(default_factory=list)  # settings that did nothing
 
 
 def kv_blocks_for(
@@ -184,6 +185,7 @@ def simulate(
     wall_start = time.perf_counter()
     settings = resolve_settings(config)
     profile = resolve_profile(profile, settings)
+    unused_settings = settings.unused([t.name for t in profile.tiers if t.enabled])
     num_blocks, block_bytes = kv_blocks_for(model, profile, config)
     cost = make_cost_model(
         model, profile, tp=config.tp, kv_dtype=config.kv_dtype, weight_dtype=config.weight_dtype
@@ -367,6 +369,7 @@ def simulate(
         pd={"local_prefills": cluster.local_prefills, "disaggregated": cluster.disaggregated}
         if split
         else {},
+        warnings=unused_settings,
     )
 
 
