@@ -62,9 +62,8 @@ class LRU(EvictionPolicy):
             self._compact()
 
     def _compact(self) -> None:
-        """Drop consumed and stale entries once they outnumber live ones: O(live) memory
-        (at most twice the live entries, and amortised O(1) per operation)."""
-        if len(self._keys) - self._head > len(self._stamp) + 4096:
+        """Drop consumed and stale entries once they outnumber live ones: O(live) memory."""
+        if len(self._keys) - self._head > 2 * len(self._stamp) + 4096:
             keys = self._keys[self._head :]
             stamps = self._stamps[self._head :]
             live = list(map(eq, map(self._stamp.get, keys), stamps))
