@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import kvsim.routers as routers
+import kvsim.plugins as plugins
 from kvsim.errors import ConfigError, KvsimError, PluginError, UnknownNameError
 from kvsim.routers import (
     GuardedRouter,
@@ -249,7 +249,7 @@ def test_plugin_faults_are_plugin_errors(plugin_module: str) -> None:
 def test_entry_point_plugin(plugin_module: str, monkeypatch: pytest.MonkeyPatch) -> None:
     eps = [EntryPoint("ep-last", f"{plugin_module}:Last", "kvsim.routers")]
     monkeypatch.setattr(
-        routers, "entry_points", lambda group: eps if group == "kvsim.routers" else []
+        plugins, "entry_points", lambda group: eps if group == "kvsim.routers" else []
     )
     assert "ep-last" in router_names() and "ep-last" not in builtin_router_names()
     r = make_router("ep-last")

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import fields
-from importlib.metadata import entry_points
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from kvsim.errors import ConfigError, KvsimError, PluginError, UnknownNameError
+from kvsim.errors import ConfigError, KvsimError, PluginError
+from kvsim.plugins import Registry
 from kvsim.policies.arc import ARC
 from kvsim.policies.asym_cost import AsymCost
 from kvsim.policies.base import BlockInfo, EvictionPolicy
@@ -42,17 +41,8 @@ __all__ = [
     "resolve_policy",
 ]
 
-_BUILTINS: dict[str, type[EvictionPolicy]] = {}
-
-
-def register(cls: type[EvictionPolicy]) -> type[EvictionPolicy]:
-    """Add a built-in policy class under its ``name``; a duplicate name is a bug."""
-    if not cls.name:
-        raise ValueError(f"{cls.__qualname__} has no name")
-    if cls.name in _BUILTINS:
-        raise ValueError(f"policy {cls.name!r} registered twice")
-    _BUILTINS[cls.name] = cls
-    return cls
+_REGISTRY: Registry[EvictionPolicy] = Registry("policy", EvictionPolicy, "kvsim.policies")
+register = _REGISTRY.register
 
 
 for _cls in (
@@ -78,43 +68,19 @@ for _cls in (
     register(_cls)
 
 
-def _plugins() -> dict[str, Callable[[], object]]:
-    return {ep.name: ep.load for ep in entry_points(group="kvsim.policies")}
-
-
 def builtin_policy_names() -> list[str]:
     """The policies that ship with kvsim."""
-    return sorted(_BUILTINS)
+    return _REGISTRY.builtin_names()
 
 
 def policy_names() -> list[str]:
     """Every name ``make_policy`` accepts (built-ins and installed plugins)."""
-    return sorted(set(_BUILTINS) | set(_plugins()))
+    return _REGISTRY.names()
 
 
 def resolve_policy(name: str) -> type[EvictionPolicy]:
-    """The policy class for a registered name or a ``module:Class`` path."""
-    if name in _BUILTINS:
-        return _BUILTINS[name]
-    plugins = _plugins()
-    if name in plugins:
-        try:
-            cls = plugins[name]()
-        except Exception as exc:
-            raise PluginError(f"policy {name!r}: cannot load its entry point: {exc}") from None
-    elif ":" in name:
-        module, _, attr = name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module), attr)
-        except Exception as exc:
-            raise KvsimError(
-                f"policy {name!r}: cannot import {attr} from {module}: {exc}"
-            ) from None
-    else:
-        raise UnknownNameError("policy", name, policy_names())
-    if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)):
-        raise KvsimError(f"policy {name!r} is not a kvsim.policies.EvictionPolicy subclass")
-    return cls
+    """The policy class for a registered name, an entry point or a ``module:Class`` path."""
+    return _REGISTRY.resolve(name)
 
 
 def _build_params(cls: type[EvictionPolicy], name: str, params: Mapping[str, Any]) -> Any:
@@ -260,7 +226,7 @@ def make_policy(name: str, params: Mapping[str, Any] | None = None) -> EvictionP
     ``PluginError`` naming the policy and method; built-ins run bare, so they pay nothing.
     """
     cls = resolve_policy(name)
-    builtin = _BUILTINS.get(name) is cls
+    builtin = _REGISTRY.is_builtin(name, cls)
     try:
         policy = cls(_build_params(cls, name, params)) if params else cls()
     except KvsimError:

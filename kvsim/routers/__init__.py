@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
-from importlib.metadata import entry_points
 from typing import Any
 
-from kvsim.errors import ConfigError, KvsimError, PluginError, UnknownNameError
+from kvsim.errors import ConfigError, KvsimError, PluginError
+from kvsim.plugins import Registry
 from kvsim.routers.base import (
     ClusterView,
     ParamError,
@@ -45,17 +44,8 @@ __all__ = [
     "router_names",
 ]
 
-_BUILTINS: dict[str, type[Router]] = {}
-
-
-def register(cls: type[Router]) -> type[Router]:
-    """Add a built-in router class under its ``name``; a duplicate name is a bug."""
-    if not cls.name:
-        raise ValueError(f"{cls.__qualname__} has no name")
-    if cls.name in _BUILTINS:
-        raise ValueError(f"router {cls.name!r} registered twice")
-    _BUILTINS[cls.name] = cls
-    return cls
+_REGISTRY: Registry[Router] = Registry("router", Router, "kvsim.routers")
+register = _REGISTRY.register
 
 
 for _cls in (
@@ -73,43 +63,19 @@ for _cls in (
     register(_cls)
 
 
-def _plugins() -> dict[str, Callable[[], object]]:
-    return {ep.name: ep.load for ep in entry_points(group="kvsim.routers")}
-
-
 def builtin_router_names() -> list[str]:
     """The routers that ship with kvsim."""
-    return sorted(_BUILTINS)
+    return _REGISTRY.builtin_names()
 
 
 def router_names() -> list[str]:
     """Every name ``make_router`` accepts (built-ins and installed plugins)."""
-    return sorted(set(_BUILTINS) | set(_plugins()))
+    return _REGISTRY.names()
 
 
 def resolve_router(name: str) -> type[Router]:
-    """The router class for a registered name or a ``module:Class`` path."""
-    if name in _BUILTINS:
-        return _BUILTINS[name]
-    plugins = _plugins()
-    if name in plugins:
-        try:
-            cls = plugins[name]()
-        except Exception as exc:
-            raise PluginError(f"router {name!r}: cannot load its entry point: {exc}") from None
-    elif ":" in name:
-        module, _, attr = name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module), attr)
-        except Exception as exc:
-            raise KvsimError(
-                f"router {name!r}: cannot import {attr} from {module}: {exc}"
-            ) from None
-    else:
-        raise UnknownNameError("router", name, router_names())
-    if not (isinstance(cls, type) and issubclass(cls, Router)):
-        raise KvsimError(f"router {name!r} is not a kvsim.routers.Router subclass")
-    return cls
+    """The router class for a registered name, an entry point or a ``module:Class`` path."""
+    return _REGISTRY.resolve(name)
 
 
 def _coerce(name: str, field: str, default: Any, value: Any) -> Any:
@@ -183,7 +149,7 @@ def make_router(
     ``PluginError`` naming the router and method; built-ins run bare, so they pay nothing.
     """
     cls = resolve_router(name)
-    builtin = _BUILTINS.get(name) is cls
+    builtin = _REGISTRY.is_builtin(name, cls)
     rng = rng if rng is not None else random.Random(0)
     try:
         router = cls(_build_params(cls, name, params) if params else None, rng)
