@@ -26,6 +26,16 @@ _UNITS = {
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
+def is_finite_number(value: object) -> bool:
+    """A real number (not a bool) that float64 holds: no NaN, no infinity, and no integer too
+    long to convert (``math.isfinite(10**400)`` raises OverflowError instead of answering)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, int):
+        return abs(value) < 1e300
+    return math.isfinite(value)
+
+
 def parse_size(
     value: str | int | float, field: str = "size", *, unit_required: bool = False
 ) -> int:

@@ -33,6 +33,8 @@ from kvsim.hardware.costmodel import ChunkedPrefill, RooflineCostModel, _windowe
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec, attention_costs, kv_heads_per_rank
 from kvsim.models.dtypes import weight_dtype_bytes
+from kvsim.textio import key_name
+from kvsim.units import is_finite_number
 
 FORMAT = 1
 RELAX_DECADES = 1.0  # beyond the measured range, the measured/roofline ratio fades over this
@@ -249,16 +251,16 @@ class _Checker:
 
     def positive_int(self, data: Mapping[str, Any], key: str, field: str) -> int:
         value = data.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            self.fail(field, f"expected a positive integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**31:
+            self.fail(field, f"expected a positive integer below 2^31, got {value!r:.60}")
         return value
 
     def number(self, data: Mapping[str, Any], key: str, field: str) -> float:
         value = data.get(key)
         if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-            self.fail(field, f"expected a number >= 0, got {value!r}")
-        if not math.isfinite(value):
-            self.fail(field, f"expected a finite number, got {value!r}")
+            self.fail(field, f"expected a number >= 0, got {value!r:.60}")
+        if not is_finite_number(value):
+            self.fail(field, f"expected a finite number, got {value!r:.60}")
         return float(value)
 
     def sizes(
@@ -271,10 +273,10 @@ class _Checker:
         ok = isinstance(value, list) and len(value) > 0
         for v in value if ok else []:
             good = not isinstance(v, bool) and isinstance(v, int if integer else int | float)
-            if not good or not math.isfinite(v) or v < 0 or (v == 0 and not zero):
+            if not good or not is_finite_number(v) or v < 0 or (v == 0 and not zero):
                 ok = False
         if not ok:
-            self.fail(field, f"expected a non-empty list of {sign} {kind}, got {value!r}")
+            self.fail(field, f"expected a non-empty list of {sign} {kind}, got {value!r:.60}")
         return tuple(value)
 
     def increasing(self, values: tuple[float, ...], field: str, what: str) -> None:
@@ -339,7 +341,7 @@ def parse_measured(data: Mapping[str, Any], fail: Fail) -> MeasuredTables:
     known |= {"prefill_attention", "prefill_attention_cached", "decode_attention", "copy"}
     for key in data:
         if key not in known:
-            fail(f"measured.{key}", f"unknown field; expected one of {sorted(known)}")
+            fail(f"measured.{key_name(key)}", f"unknown field; expected one of {sorted(known)}")
     fmt = data.get("format", FORMAT)
     if fmt != FORMAT:
         fail("measured.format", f"expected {FORMAT}, got {fmt!r}")
@@ -353,7 +355,7 @@ def parse_measured(data: Mapping[str, Any], fail: Fail) -> MeasuredTables:
         fail("measured.gemm", "expected at least one GEMM shape table")
     gemm = {}
     for name, raw in gemm_raw.items():
-        f = f"measured.gemm.{name}"
+        f = f"measured.gemm.{key_name(name)}"
         if not isinstance(raw, dict):
             fail(f, f"expected a table, got {raw!r}")
         per = raw.get("per", "token")
@@ -390,7 +392,7 @@ def parse_measured(data: Mapping[str, Any], fail: Fail) -> MeasuredTables:
     if "copy" in data:
         raw_copies = c.table(data, "copy", "measured.copy")
         for name, raw in raw_copies.items():
-            f = f"measured.copy.{name}"
+            f = f"measured.copy.{key_name(name)}"
             if name not in _COPY_NAMES:
                 fail(f, f"unknown copy direction; expected one of {list(_COPY_NAMES)}")
             if not isinstance(raw, dict):

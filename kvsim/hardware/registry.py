@@ -9,6 +9,7 @@ import kvsim
 from kvsim.errors import UnknownNameError
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.hardware.validate import validate_profile
+from kvsim.textio import exists
 
 PROFILES_ENV = "KVSIM_PROFILES"
 MEASURED_DIR = "measured"
@@ -41,6 +42,6 @@ def profile_path(name: str) -> Path:
 def load_profile(name_or_path: str | Path) -> HardwareProfile:
     """A validated profile from a name (``h100-sxm``, ``measured/h100-sxm``) or a TOML path."""
     text = str(name_or_path)
-    if text.endswith(".toml") or (os.sep in text and Path(text).exists()):
+    if text.endswith(".toml") or (os.sep in text and exists(Path(text))):
         return validate_profile(Path(text))
     return validate_profile(profile_path(text))

@@ -13,9 +13,7 @@ but no number may be NaN, infinite or negative: one such value used to pass and 
 
 from __future__ import annotations
 
-import math
 import re
-import tomllib
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -23,8 +21,8 @@ from kvsim.errors import ConfigError
 from kvsim.hardware.durations import parse_duration
 from kvsim.hardware.measured import parse_measured
 from kvsim.hardware.profile import TIER_NAMES, Efficiency, GpuSpec, HardwareProfile, TierSpec
-from kvsim.textio import read_utf8
-from kvsim.units import parse_rate, parse_size
+from kvsim.textio import key_name, parse_toml, read_utf8
+from kvsim.units import is_finite_number, parse_rate, parse_size
 
 _TOP_FIELDS = {
     "name",
@@ -60,8 +58,18 @@ _TIER_FIELDS = {
     "path",
     "faster_than_above_note",
 }
+#: Most GPUs per node, or nodes sharing one tier, a profile may state: NVL72 racks have 72 GPUs
+#: and a shared pool a few thousand nodes; a larger count is a typo and would overflow the
+#: bandwidth arithmetic (a per-GPU bandwidth times the GPUs of a node).
+MAX_COUNT = 1_000_000
 _SOURCE_PREFIX = re.compile(r"^(S\d+\b|assumption:|measured:|override:)")
 _HAS_UNIT = re.compile(r"[A-Za-z]\s*$")
+
+
+def _shown(value: object) -> str:
+    """A value in an error message: its repr, cut to 60 characters (a line, not a page)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def display_path(path: Path) -> str:
@@ -85,7 +93,7 @@ class _Reader:
     def table(self, data: dict[str, Any], key: str, field: str) -> dict[str, Any]:
         value = self.required(data, key, field)
         if not isinstance(value, dict):
-            self.fail(field, f"expected a table, got {value!r}")
+            self.fail(field, f"expected a table, got {_shown(value)}")
         return value
 
     def required(self, data: dict[str, Any], key: str, field: str) -> Any:
@@ -96,21 +104,23 @@ class _Reader:
     def no_unknown(self, data: dict[str, Any], allowed: set[str], prefix: str) -> None:
         for key in data:
             if key not in allowed:
-                self.fail(f"{prefix}{key}", f"unknown field; expected one of {sorted(allowed)}")
+                expected = f"unknown field; expected one of {sorted(allowed)}"
+                self.fail(f"{prefix}{key_name(key)}", expected)
 
     def text(self, data: dict[str, Any], key: str, field: str) -> str:
         value = self.required(data, key, field)
         if not isinstance(value, str) or not value.strip():
-            self.fail(field, f"expected a non-empty string, got {value!r}")
+            self.fail(field, f"expected a non-empty string, got {_shown(value)}")
         return value
 
     def number(self, data: dict[str, Any], key: str, field: str, low: float = 0.0) -> float:
-        """A finite number >= ``low`` (TOML's ``nan`` and ``inf`` are refused)."""
+        """A finite number >= ``low`` (TOML's ``nan`` and ``inf``, and integers too long for a
+        float, are refused)."""
         value = self.required(data, key, field)
         if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
-            self.fail(field, f"expected a number >= {low:g}, got {value!r}")
-        if not math.isfinite(value):
-            self.fail(field, f"expected a finite number, got {value!r}")
+            self.fail(field, f"expected a number >= {low:g}, got {_shown(value)}")
+        if not is_finite_number(value):
+            self.fail(field, f"expected a finite number, got {_shown(value)}")
         self.numeric_fields.append(field)
         return float(value)
 
@@ -118,22 +128,24 @@ class _Reader:
         """A share in (0, 1]."""
         value = self.required(data, key, field)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-            self.fail(field, f"expected a number in (0, 1], got {value!r}")
+            self.fail(field, f"expected a number in (0, 1], got {_shown(value)}")
         self.numeric_fields.append(field)
         return float(value)
 
     def count(self, data: dict[str, Any], key: str, field: str) -> int:
-        """A positive integer."""
+        """A positive integer up to ``MAX_COUNT`` (GPUs per node, nodes sharing a tier)."""
         value = self.required(data, key, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            self.fail(field, f"expected a positive integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+            got = _shown(value)
+            self.fail(field, f"expected a positive integer up to {MAX_COUNT:,}, got {got}")
         self.numeric_fields.append(field)
         return value
 
     def size(self, data: dict[str, Any], key: str, field: str) -> int:
         """A positive size written with its unit, e.g. '2TB'."""
         value = self.required(data, key, field)
-        expected = f"expected a positive size with a unit such as '2TB' or '80GiB', got {value!r}"
+        got = _shown(value)
+        expected = f"expected a positive size with a unit such as '2TB' or '80GiB', got {got}"
         if not isinstance(value, str) or not _HAS_UNIT.search(value):
             self.fail(field, expected)
         try:
@@ -148,7 +160,7 @@ class _Reader:
     def rate(self, data: dict[str, Any], key: str, field: str) -> float:
         """A positive bandwidth written with its unit, e.g. '12GB/s'."""
         value = self.required(data, key, field)
-        expected = f"expected a positive bandwidth such as '12GB/s', got {value!r}"
+        expected = f"expected a positive bandwidth such as '12GB/s', got {_shown(value)}"
         if not isinstance(value, str) or not value.strip().endswith("/s"):
             self.fail(field, expected)
         if not _HAS_UNIT.search(value.strip().removesuffix("/s")):
@@ -165,7 +177,7 @@ class _Reader:
     def duration(self, data: dict[str, Any], key: str, field: str) -> float:
         """A non-negative duration written with its unit, e.g. '3us'."""
         value = self.required(data, key, field)
-        expected = f"expected a duration with a unit such as '3us' or '0.1ms', got {value!r}"
+        expected = f"expected a duration with a unit such as '3us' or '0.1ms', got {_shown(value)}"
         if not isinstance(value, str):
             self.fail(field, expected)
         try:
@@ -178,13 +190,13 @@ class _Reader:
 
 def _read_toml(path: Path, reader: _Reader) -> dict[str, Any]:
     """The parsed file; a missing, unreadable or non-UTF-8 file is one ConfigError line."""
-    if not path.exists() and not path.is_symlink():
-        raise ConfigError(f"{reader.file}: no such profile file")
-    text = read_utf8(path, reader.file, ConfigError)
     try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:  # the message carries "(at line N, column M)"
-        raise ConfigError(f"{reader.file}: invalid TOML: {exc}") from None
+        missing = not path.exists() and not path.is_symlink()
+    except (OSError, ValueError):  # a name too long to look up, or holding a NUL byte
+        missing = True
+    if missing:
+        raise ConfigError(f"{reader.file}: no such profile file")
+    return parse_toml(read_utf8(path, reader.file, ConfigError), reader.file, ConfigError)
 
 
 def _gpu(r: _Reader, data: dict[str, Any]) -> GpuSpec:
@@ -195,7 +207,7 @@ def _gpu(r: _Reader, data: dict[str, Any]) -> GpuSpec:
         r.fail("gpu.flops", "expected at least one dtype, e.g. bf16 = 989.4e12")
     flops = {}
     for dtype in flops_table:
-        field = f"gpu.flops.{dtype}"
+        field = f"gpu.flops.{key_name(dtype)}"
         flops[dtype] = r.number(flops_table, dtype, field)
         if flops[dtype] <= 0:
             r.fail(
@@ -313,12 +325,12 @@ def _sources(r: _Reader, data: dict[str, Any]) -> dict[str, str]:
     for key, text in sources.items():
         if not isinstance(text, str) or not _SOURCE_PREFIX.match(text):
             r.fail(
-                f"sources.{key}",
+                f"sources.{key_name(key)}",
                 "expected text starting with a source id such as 'S1' "
                 f"or with 'assumption:', got {text!r}",
             )
         if key not in r.numeric_fields:
-            r.fail(f"sources.{key}", "no such numeric field in this profile")
+            r.fail(f"sources.{key_name(key)}", "no such numeric field in this profile")
     for field in r.numeric_fields:
         if field not in sources:
             r.fail(field, f'no entry in [sources]; add "{field}" = "S<n> ..." or "assumption: ..."')

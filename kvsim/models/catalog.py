@@ -15,7 +15,6 @@ quantized: DeepSeek-V3 ships fp8). `kvsim run` and `kvsim size` use it when no
 from __future__ import annotations
 
 import functools
-import tomllib
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 from kvsim.errors import ConfigError, UnknownNameError
 from kvsim.models.dtypes import WEIGHT_DTYPE_BYTES
 from kvsim.models.spec import ATTENTION_KINDS, LayerGroup, MlpGroup, ModelSpec
-from kvsim.textio import read_utf8
+from kvsim.textio import exists, key_name, parse_toml, read_utf8
 
 _TOP_FIELDS: dict[str, type] = {
     "name": str,
@@ -79,6 +78,9 @@ _POSITIVE = {
     "state_dtype_bytes", "mamba_expand", "mamba_d_state", "mamba_d_conv", "mamba_dt_rank",
     "mixer_params_per_layer", "intermediate_size", "shared_intermediate_size",
 }  # fmt: skip
+#: Largest value of any integer field: far above every real model (vocabularies of ~10^6, hidden
+#: sizes of ~10^5), and small enough that sizes and FLOPs derived from it stay finite floats.
+MAX_INT_FIELD = 2**31 - 1
 _MLP_FIELDS: dict[str, type] = {
     "layers": int,
     "intermediate_size": int,
@@ -87,6 +89,12 @@ _MLP_FIELDS: dict[str, type] = {
     "num_shared_experts": int,
     "shared_intermediate_size": int,
 }
+
+
+def _shown(value: object) -> str:
+    """A value in an error message: its repr, cut to 60 characters (a line, not a page)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _catalog_dir() -> Traversable:
@@ -107,8 +115,8 @@ def load_model(name_or_path: str) -> ModelSpec:
     if name_or_path in model_names():
         return _load_catalog(name_or_path)
     path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
-        if not path.exists():
+    if path.suffix == ".toml" or exists(path):
+        if not exists(path):
             raise ConfigError(f"{path}: model file not found")
         return parse_model(read_utf8(path, str(path), ConfigError), str(path))
     raise UnknownNameError("model", name_or_path, model_names())
@@ -125,11 +133,7 @@ def _load_catalog(name: str) -> ModelSpec:
 
 def parse_model(text: str, source: str) -> ModelSpec:
     """A ``ModelSpec`` from TOML text; ``source`` names the file in error messages."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    return _Parser(source).model(data)
+    return _Parser(source).model(parse_toml(text, source, ConfigError, "not valid TOML"))
 
 
 class _Parser:
@@ -145,15 +149,19 @@ class _Parser:
         self, table: dict[str, Any], fields: dict[str, type], where: str, required: set[str]
     ) -> None:
         for key, value in table.items():
-            name = f"{where}{key}"
+            name = f"{where}{key_name(key)}"
             if key not in fields:
                 raise self.fail(name, f"unknown field; expected one of {', '.join(fields)}")
             expected = fields[key]
             ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
             if not ok:
-                raise self.fail(name, f"expected {expected.__name__}, got {value!r}")
+                raise self.fail(name, f"expected {expected.__name__}, got {_shown(value)}")
             if expected is int and value < 0:
-                raise self.fail(name, f"must not be negative, got {value}")
+                raise self.fail(name, f"must not be negative, got {_shown(value)}")
+            if expected is int and value > MAX_INT_FIELD:
+                raise self.fail(
+                    name, f"must be at most {MAX_INT_FIELD:,} (implausible), got {_shown(value)}"
+                )
             if key in _POSITIVE and value < 1:
                 raise self.fail(name, f"must be ≥ 1, got {value}")
         for key in fields:

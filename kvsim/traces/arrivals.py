@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from kvsim.errors import KvsimError, TraceError
-from kvsim.textio import read_utf8
+from kvsim.textio import exists, one_line, read_utf8
 
 __all__ = [
     "ARRIVAL_MODELS",
@@ -110,7 +110,12 @@ def read_servegen_windows(path: Path, shown: str | None = None) -> list[ServeGen
     shown = shown or str(path)
     content = read_utf8(Path(path), shown, TraceError)  # a few thousand rows: read at once
     windows = []
-    for line_no, row in enumerate(csv.reader(content.splitlines()), start=1):
+    reader = csv.reader(content.splitlines())
+    try:
+        rows = list(reader)
+    except csv.Error as exc:  # e.g. a field over the csv module's 128 KiB limit
+        raise TraceError(f"{shown}:{reader.line_num}: not valid CSV: {one_line(exc)}") from None
+    for line_no, row in enumerate(rows, start=1):
         if not row:
             continue
         if len(row) != 6:
@@ -208,7 +213,7 @@ def make_process(
         return GammaProcess(rate, 2.0 if cv is None else cv, seed)
     if model == "servegen":
         path = _servegen_path(root, spec or SERVEGEN_DEFAULT)
-        if not path.is_file():
+        if not (exists(path) and path.is_file()):
             raise KvsimError(f"option 'arrival': no ServeGen client file {path}")
         return ServeGenProcess(read_servegen_windows(path), seed, rate)
     raise KvsimError(

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kvsim.errors import TraceError
+from kvsim.textio import one_line
 from kvsim.traces.arrivals import ArrivalProcess, PoissonProcess
 from kvsim.traces.common import (
     ChatMessages,
@@ -159,6 +160,9 @@ def iter_json_array(
                     if eof or not more():
                         raise TraceError(f"{shown}:{line + exc.lineno - 1}: not valid JSON: "
                                          f"{exc.msg}") from None  # fmt: skip
+                except (ValueError, RecursionError) as exc:  # a 5000-digit number, [[[[...
+                    what = "nested too deeply to parse" if isinstance(exc, RecursionError) else exc
+                    raise TraceError(f"{shown}:{line}: not valid JSON: {what}") from None
             yield line, item
             line += buf.count("\n", pos, end)
             pos = end
@@ -199,8 +203,8 @@ def read_sharegpt_json(
             for msg in conv:
                 role = msg.get("from") if isinstance(msg, dict) else None
                 value = msg.get("value") if isinstance(msg, dict) else None
-                if role not in SHAREGPT_ROLES:
-                    errors.bad(f"{where}: field 'from': unknown role {role!r}; valid: "
+                if not isinstance(role, str) or role not in SHAREGPT_ROLES:
+                    errors.bad(f"{where}: field 'from': unknown role {role!r:.60}; valid: "
                                + ", ".join(sorted(SHAREGPT_ROLES)))  # fmt: skip
                     ok = False
                     break
@@ -273,6 +277,36 @@ def _chunk_from_lists(
 # --- LMSYS-Chat-1M Parquet ------------------------------------------------------------------------
 
 
+def _is_text(struct: pa.StructType, name: str) -> bool:
+    """The struct has exactly one field `name`, and it holds strings."""
+    index = struct.get_field_index(name)  # -1 when missing or repeated
+    return index >= 0 and (
+        pa.types.is_string(struct.field(index).type)
+        or pa.types.is_large_string(struct.field(index).type)
+    )
+
+
+def _checked_batches(
+    pfile: pq.ParquetFile, shown: str, batch: int, columns: list[str]
+) -> Iterator[pa.RecordBatch]:
+    """Record batches, fully validated (UTF-8 included): a damaged file is one TraceError line
+    naming the rows it was reading, not a pyarrow error from deep inside the reader."""
+    batches = pfile.iter_batches(batch_size=batch, columns=columns)
+    row = 0
+    while True:
+        try:
+            rb = next(batches)
+            rb.validate(full=True)
+        except StopIteration:
+            return
+        except (OSError, ValueError, pa.ArrowException) as exc:  # ValueError: bad UTF-8
+            raise TraceError(
+                f"{shown}: rows from {row}: cannot read as Parquet: {one_line(exc)}"
+            ) from None
+        yield rb
+        row += rb.num_rows
+
+
 def read_lmsys(
     path: str | Path,
     *,
@@ -291,20 +325,21 @@ def read_lmsys(
     errors = RowErrors(skip=skip_bad_rows)
     try:
         pfile = pq.ParquetFile(path)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise TraceError(f"{shown}: cannot read as Parquet: {exc}") from None
+    except (OSError, ValueError, pa.ArrowException) as exc:  # ValueError: bad UTF-8
+        raise TraceError(f"{shown}: cannot read as Parquet: {one_line(exc)}") from None
     names = pfile.schema_arrow.names
     for column in LMSYS_COLUMNS:
         if column not in names:
             raise TraceError(f"{shown}: field {column!r}: missing column")
+        if names.count(column) > 1:
+            raise TraceError(f"{shown}: field {column!r}: appears {names.count(column)} times")
     ctype = pfile.schema_arrow.field("conversation").type
     is_list = pa.types.is_list(ctype) or pa.types.is_large_list(ctype)
     item = ctype.value_type if is_list else None
     if not (
         item is not None
         and pa.types.is_struct(item)
-        and item.get_field_index("content") >= 0
-        and item.get_field_index("role") >= 0
+        and all(_is_text(item, name) for name in ("content", "role"))
     ):
         raise TraceError(
             f"{shown}: field 'conversation': expected list<struct<content, role>>, got {ctype}"
@@ -315,7 +350,7 @@ def read_lmsys(
     def chunks() -> Iterator[tuple[Requests, float]]:
         row0 = 0
         base = 0
-        for rb in pfile.iter_batches(batch_size=batch, columns=["conversation"]):
+        for rb in _checked_batches(pfile, shown, batch, ["conversation"]):
             lists = rb.column(0)
             n = len(lists)
             null_rows = lists.is_null().to_numpy(zero_copy_only=False)

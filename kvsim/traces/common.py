@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from kvsim.errors import TraceError
-from kvsim.textio import read_utf8
+from kvsim.textio import parse_json, read_utf8
 from kvsim.traces.schema import KIND_CODES, MAX_REQUEST_TOKENS, make_trace_table
 
 __all__ = [
@@ -59,7 +59,7 @@ def read_json(path: Path, shown: str) -> object:
     """A whole JSON document, or a one-line TraceError naming the file (and line if known)."""
     text = read_utf8(path, shown, TraceError)
     try:
-        return json.loads(text)
+        return parse_json(text)
     except json.JSONDecodeError as exc:
         raise TraceError(f"{shown}:{exc.lineno}: not valid JSON: {exc.msg}") from None
     except ValueError as exc:  # e.g. a number too long to convert

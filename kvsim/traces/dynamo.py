@@ -14,12 +14,12 @@ description, not as a column. Replies are not content-addressed in this format (
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from kvsim.errors import TraceError
+from kvsim.textio import parse_json
 from kvsim.traces.blocks import mix
 from kvsim.traces.common import Chunked, Requests, RowErrors, iter_lines
 from kvsim.traces.schema import KIND_CODES, MAX_REQUEST_TOKENS
@@ -58,7 +58,7 @@ def read_dynamo(
             continue
         where = f"{shown}:{line_no}"
         try:
-            rec = json.loads(raw)
+            rec = parse_json(raw)
         except UnicodeDecodeError as exc:
             errors.bad(f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x})")
             continue

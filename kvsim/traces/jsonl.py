@@ -35,13 +35,15 @@ Request ids are assigned in canonical (arrival, session, turn) order, so a file 
 from __future__ import annotations
 
 import hashlib
-import json
+import itertools
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kvsim.textio import parse_json
 from kvsim.traces.common import Chunked, Requests, RowErrors, iter_lines
 from kvsim.traces.schema import KIND_CODES, MAX_REQUEST_TOKENS, SEGMENT_KINDS
 
@@ -140,7 +142,7 @@ def _segment(item: object, i: int) -> tuple[int, int, int]:
 def _row(raw: bytes) -> dict[str, Any]:
     """One line checked field by field; the values converted, or `_RowError`."""
     try:
-        row = json.loads(raw)
+        row = parse_json(raw)
     except UnicodeDecodeError as exc:
         raise _RowError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
     except ValueError as exc:
@@ -177,8 +179,8 @@ def _row(raw: bytes) -> dict[str, Any]:
             f"expected an integer in [0, 2^63) or a non-empty string, got {_shown(session)}",
         )
     turn = row.get("turn")
-    if turn is not None and (type(turn) is not int or turn < 0):
-        raise _fail("turn", f"expected an integer >= 0, got {_shown(turn)}")
+    if turn is not None and (type(turn) is not int or not 0 <= turn < 2**31):
+        raise _fail("turn", f"expected an integer in [0, 2^31), got {_shown(turn)}")
     think = row.get("think_time_s")
     return {
         "arrival": _seconds(row["arrival_s"], "arrival_s"),
@@ -205,21 +207,29 @@ def _session_ids(
         keep.append(i)
     rows, lines = [rows[i] for i in keep], [lines[i] for i in keep]
     if kind is int:
-        named = [r["session"] for r in rows if r["session"] is not None]
-        fresh = max(named, default=-1) + 1
+        named = {r["session"] for r in rows if r["session"] is not None}
     else:
         codes: dict[str, int] = {}
         for r in rows:
             if r["session"] is not None:
                 codes.setdefault(r["session"], len(codes))
-        fresh = len(codes)
+        named = set(codes.values())
+    fresh = _fresh_ids(named)
     ids = np.empty(len(rows), np.int64)
     for i, r in enumerate(rows):
         if r["session"] is None:
-            ids[i], fresh = fresh, fresh + 1
+            ids[i] = next(fresh)
         else:
             ids[i] = r["session"] if kind is int else codes[r["session"]]
     return rows, lines, ids
+
+
+def _fresh_ids(used: set[int]) -> Iterator[int]:
+    """Session ids for rows without one: after the largest id in use, or, when that is the last
+    id below 2^63, the unused ones counted up from 0 (there is always room: rows < 2^63)."""
+    top = max(used, default=-1)
+    start = top + 1 if top < _SESSION_LIMIT // 2 else 0
+    return (i for i in itertools.count(start) if i not in used)
 
 
 def _turns(arrival: np.ndarray, session: np.ndarray) -> np.ndarray:

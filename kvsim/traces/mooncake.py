@@ -11,12 +11,12 @@ The reply is not content-addressed (`output_hash` 0): the trace says nothing abo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from kvsim.errors import TraceError
+from kvsim.textio import parse_json
 from kvsim.traces.blocks import mix
 from kvsim.traces.common import RowErrors, iter_lines
 from kvsim.traces.schema import (
@@ -51,7 +51,7 @@ def _is_int(value: object) -> bool:
 def _check_row(raw: bytes, where: str) -> str | tuple:
     """The row's (timestamp, input, output, hash ids), or the one-line error message."""
     try:
-        row = json.loads(raw)
+        row = parse_json(raw)
     except UnicodeDecodeError as exc:
         return f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x})"
     except ValueError as exc:

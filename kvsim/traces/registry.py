@@ -7,7 +7,6 @@ the name and first bytes unless `format` is given.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable
@@ -21,7 +20,7 @@ import pyarrow.parquet as pq
 
 import kvsim
 from kvsim.errors import KvsimError, TraceError, UnknownNameError
-from kvsim.textio import decode_utf8
+from kvsim.textio import decode_utf8, exists, one_line, parse_json
 from kvsim.traces.agentic import AgenticParams, generate_agentic
 from kvsim.traces.arrivals import check_arrival, make_process, retime_table
 from kvsim.traces.azure import read_azure
@@ -286,8 +285,8 @@ def detect_format(path: Path) -> str:
     if name.endswith(".parquet"):
         try:
             names = pq.ParquetFile(path).schema_arrow.names
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise TraceError(f"{path}: cannot read as Parquet: {exc}") from None
+        except (OSError, ValueError, pa.ArrowException) as exc:  # ValueError: bad UTF-8
+            raise TraceError(f"{path}: cannot read as Parquet: {one_line(exc)}") from None
         return "lmsys" if "conversation" in names and "segments" not in names else "canonical"
     if name.endswith(".json"):
         return "sharegpt"
@@ -305,7 +304,7 @@ def detect_format(path: Path) -> str:
     if name.endswith((".jsonl", ".jsonl.gz", ".gz")):
         try:
             first = next((raw for _, raw in iter_lines(path, str(path)) if raw.strip()), b"")
-            row = json.loads(first) if first else {}
+            row = parse_json(first) if first else {}
         except ValueError:
             return "mooncake"  # its own reader reports the bad line
         if isinstance(row, dict) and "event" in row:
@@ -328,7 +327,7 @@ def open_source(
     if not os.fspath(path).strip():
         raise TraceError("trace path: expected a file, got ''")
     path = Path(path)
-    if not path.exists():
+    if not exists(path):
         raise TraceError(f"{path}: no such trace file")
     fmt = format or detect_format(path)
     if fmt not in FORMATS:
@@ -429,7 +428,7 @@ def _load_parquet(path: Path, opts: _Options) -> Trace:
 
 
 def _load_path(path: Path, opts: _Options, fmt: str | None, tokenizer) -> Trace:
-    if not path.exists():
+    if not exists(path):
         raise TraceError(f"{path}: no such trace file")
     fmt = fmt or detect_format(path)
     if fmt == "canonical":
@@ -489,7 +488,7 @@ def load_trace(
     key = os.fspath(name_or_path)
     if key in _LOADERS:
         trace = _LOADERS[key].loader(traces_dir(), opts)
-    elif format is not None or Path(key).suffix or Path(key).exists():
+    elif format is not None or Path(key).suffix or exists(Path(key)):
         trace = _load_path(Path(key), opts, format, tokenizer)
     else:
         raise UnknownNameError("trace", key, trace_names())

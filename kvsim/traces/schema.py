@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kvsim.errors import TraceError
+from kvsim.textio import one_line
 
 __all__ = [
     "IMPLAUSIBLE_SPAN_S",
@@ -108,21 +109,41 @@ class Trace:
     @classmethod
     def from_table(cls, table: pa.Table, source: str = "trace") -> Trace:
         meta = table.schema.metadata or {}
-        block = meta.get(META_BLOCK)
-        try:
-            native = int(block) if block else None
-        except ValueError:
-            raise TraceError(
-                f"{source}: metadata 'kvsim.native_block_size': expected an integer, got {block!r}"
-            ) from None
+        block = _meta_int(meta, META_BLOCK, source, low=1)
+        name = _meta_text(meta, META_NAME, source)
         return cls(
             table=table,
-            name=meta.get(META_NAME, b"").decode(),
-            native_block_size=native,
-            description=meta.get(META_DESCRIPTION, b"").decode(),
-            skipped_rows=int(meta.get(META_SKIPPED, b"0") or 0),
-            warnings=trace_warnings(table, meta.get(META_NAME, b"").decode() or source),
+            name=name,
+            native_block_size=block,
+            description=_meta_text(meta, META_DESCRIPTION, source),
+            skipped_rows=_meta_int(meta, META_SKIPPED, source, low=0) or 0,
+            warnings=trace_warnings(table, name or source),
         )
+
+
+def _meta_int(meta: dict[bytes, bytes], key: bytes, source: str, low: int) -> int | None:
+    """An integer metadata value in [low, 2^31), None when absent or empty; else a TraceError
+    (a file written by another tool may hold anything there)."""
+    raw = meta.get(key)
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or not low <= value < 2**31:
+        raise TraceError(
+            f"{source}: metadata {key.decode()!r}: expected an integer >= {low}, got {raw[:40]!r}"
+        )
+    return value
+
+
+def _meta_text(meta: dict[bytes, bytes], key: bytes, source: str) -> str:
+    raw = meta.get(key, b"")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TraceError(f"{source}: metadata {key.decode()!r}: not UTF-8 text") from None
 
 
 def trace_warnings(table: pa.Table, source: str) -> tuple[str, ...]:
@@ -282,6 +303,9 @@ def _check_columns(table: pa.Table, source: str) -> None:
     for field in TRACE_SCHEMA:
         if field.name not in names:
             raise TraceError(f"{source}: field {field.name!r}: missing column")
+        if names.count(field.name) > 1:
+            raise TraceError(f"{source}: field {field.name!r}: appears {names.count(field.name)} "
+                             "times")  # fmt: skip
         actual = table.schema.field(field.name).type
         if not actual.equals(field.type):
             raise TraceError(
@@ -471,15 +495,23 @@ def read_trace(path: str | Path, skip_bad_rows: bool = False) -> Trace:
     path = Path(path)
     try:
         table = pq.read_table(path)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise TraceError(f"{path}: cannot read as Parquet: {exc}") from None
+        table.validate(full=True)  # a damaged page (bad UTF-8, bad offsets) stops here
+    except (OSError, ValueError, pa.ArrowException) as exc:  # ValueError: bad UTF-8
+        raise TraceError(f"{path}: cannot read as Parquet: {one_line(exc)}") from None
     if skip_bad_rows:
         table, dropped = drop_bad_rows(table, str(path))
         if dropped:
             meta = dict(table.schema.metadata or {})
-            meta[META_SKIPPED] = str(int(meta.get(META_SKIPPED, b"0") or 0) + dropped).encode()
+            before = _meta_int(meta, META_SKIPPED, str(path), low=0) or 0
+            meta[META_SKIPPED] = str(before + dropped).encode()
             table = table.replace_schema_metadata(meta)
     validate_trace(table, str(path))
-    # Parquet renames the list item field ("item" -> "element"); restore the canonical schema.
+    if table.num_rows == 0:  # as every other loader: a trace without requests is an error
+        skipped = _meta_int(table.schema.metadata or {}, META_SKIPPED, str(path), low=0)
+        reason = f": all {skipped:,} rows were malformed and skipped" if skipped else ""
+        raise TraceError(f"{path}: no requests{reason}")
+    # Canonical column order (a tool may write them in any order, or add its own columns), and
+    # Parquet renames the list item field ("item" -> "element"): restore the canonical schema.
+    table = table.select([f.name for f in TRACE_SCHEMA])
     table = table.cast(TRACE_SCHEMA.with_metadata(table.schema.metadata))
     return Trace.from_table(table, str(path))

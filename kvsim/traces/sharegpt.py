@@ -90,7 +90,7 @@ def read_first_turn_tokens(path: str | Path, shown: str | None = None) -> np.nda
         text = next(
             (
                 t.get("value")
-                for t in turns or []
+                for t in (turns if isinstance(turns, list) else [])
                 if isinstance(t, dict) and t.get("from") == "human"
             ),
             None,

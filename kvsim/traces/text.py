@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvsim.errors import KvsimError
+from kvsim.textio import exists
 from kvsim.traces.blocks import mix
 
 __all__ = ["BYTES_PER_TOKEN", "TokenCounter", "content_hashes", "make_counter"]
@@ -55,7 +56,7 @@ class HFTokenizerCounter(TokenCounter):
                 "option 'tokenizer' needs the 'tokenizers' package: pip install 'kvsim[tokenizers]'"
             ) from None
         path = Path(path)
-        if not path.is_file():
+        if not (exists(path) and path.is_file()):
             raise KvsimError(f"option 'tokenizer': no such file {path}")
         try:
             self._tok = Tokenizer.from_file(str(path))
