@@ -62,8 +62,8 @@ class CacheView:
         self.chunk_tokens = chunk_tokens
         self.refresh_s = refresh_s
         self.stale = refresh_s > 0
-        self._loads: list[ReplicaLoad] | None = None
-        self._request: RouteRequest | None = None
+        self._loads: list[ReplicaLoad] | None = None  # the last snapshot (stale views)
+        self._live_loads: list[ReplicaLoad] | None = None  # this decision's, computed once
         self._matches: dict[int, PrefixMatch] = {}
         self._live: dict[int, PrefixMatch] = {}
         # per replica, the HBM blocks the router last heard of (stale views only)
@@ -85,8 +85,9 @@ class CacheView:
 
     @property
     def loads(self) -> Sequence[ReplicaLoad]:
-        if self._loads is None:
-            self._loads = [self._load(r) for r in self.replicas]
+        if not self.stale:
+            return self.live_loads()
+        assert self._loads is not None  # taken at construction, then at every refresh
         return self._loads
 
     def match(self, replica: int, request: RouteRequest) -> PrefixMatch:
@@ -126,11 +127,15 @@ class CacheView:
     # -- the cluster's side ----------------------------------------------------------------------
     def begin(self, request: RouteRequest) -> None:
         """A new routing decision: live figures are recomputed, snapshots are not."""
-        self._request = request
         self._matches.clear()
         self._live.clear()
-        if not self.stale:
-            self._loads = None
+        self._live_loads = None
+
+    def live_loads(self) -> list[ReplicaLoad]:
+        """Every replica's load now (computed once per decision)."""
+        if self._live_loads is None:
+            self._live_loads = [self._load(r) for r in self.replicas]
+        return self._live_loads
 
     def live_match(self, replica: int, request: RouteRequest) -> PrefixMatch:
         found = self._live.get(replica)
@@ -187,8 +192,6 @@ class LiveView:
 
     def __init__(self, view: CacheView) -> None:
         self.view = view
-        self._loads: list[ReplicaLoad] | None = None
-        self._request: RouteRequest | None = None
 
     @property
     def now_s(self) -> float:
@@ -196,10 +199,7 @@ class LiveView:
 
     @property
     def loads(self) -> Sequence[ReplicaLoad]:
-        if self._request is not self.view._request or self._loads is None:
-            self._request = self.view._request
-            self._loads = [self.view._load(r) for r in self.view.replicas]
-        return self._loads
+        return self.view.live_loads()
 
     def match(self, replica: int, request: RouteRequest) -> PrefixMatch:
         return self.view.live_match(replica, request)

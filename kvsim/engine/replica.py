@@ -66,7 +66,6 @@ class Replica:
         self.running: list[Request] = []
         self.loading: list[Request] = []  # admitted, waiting for blocks from lower tiers
         self.run_reserved_blocks = 0  # blocks a coalesced decode run counted on: not for prefetch
-        self._run_need = 0  # blocks the steps `_coalescible_steps` last allowed will take
         self.iterations = 0
         self.coalesced_steps = 0
         self.busy_s = 0.0
@@ -114,9 +113,9 @@ class Replica:
                 self._wake = None
                 continue
             if self.coalesce and self._decode_only():
-                steps = self._coalescible_steps()
+                steps, need = self._coalescible_steps()
                 if steps >= 2:
-                    yield from self._decode_run(steps)
+                    yield from self._decode_run(steps, need)
                     continue
             batch = self._schedule()
             if not batch:
@@ -329,8 +328,9 @@ class Replica:
         )
         return computed, held
 
-    def _coalescible_steps(self) -> int:
-        """Steps the decode batch can run unchanged: until the first finish, within free blocks."""
+    def _coalescible_steps(self) -> tuple[int, int]:
+        """(steps the decode batch can run unchanged: until the first finish, within free
+        blocks; the blocks those steps take)."""
         running = self.running
         steps = min(r.output_tokens - r.generated for r in running)
         steps = min(steps, MAX_COALESCED_STEPS)
@@ -338,8 +338,7 @@ class Replica:
         available = self.kv.pool.available
         need = self._blocks_needed(computed, held, steps)
         if need <= available:
-            self._run_need = need
-            return steps
+            return steps, need
         lo, lo_need, hi = 0, 0, steps  # largest step count whose blocks fit
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -348,15 +347,14 @@ class Replica:
                 lo, lo_need = mid, need
             else:
                 hi = mid - 1
-        self._run_need = lo_need
-        return lo
+        return lo, lo_need
 
-    def _decode_run(self, steps: int):
+    def _decode_run(self, steps: int, need: int):
         env = self.env
         running = list(self.running)  # the batch of this run; a load may append to the list
         contexts = np.fromiter((r.computed for r in running), dtype=np.float64, count=len(running))
         ends = self.cost.decode_run_ends_s(contexts, steps)
-        self.run_reserved_blocks = self._run_need  # counted by _coalescible_steps
+        self.run_reserved_blocks = need
         start = env.now
         self._wake = env.event()
         yield env.timeout(float(ends[-1])) | self._wake

@@ -20,6 +20,7 @@ cannot add the last picoseconds, so a threshold on what is left could stall the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 import simpy
 
@@ -36,6 +37,7 @@ class LinkStats:
 
 
 _TIE_S = 1e-12  # transfers within this much work of the completing one finish with it
+_REMAINING = attrgetter("remaining_s")
 
 
 class _Transfer:
@@ -47,10 +49,6 @@ class _Transfer:
         self.solo_s = work_s
         self.started_s = started_s
         self.write = write
-
-
-def _remaining(t: _Transfer) -> float:
-    return t.remaining_s
 
 
 class Link:
@@ -127,7 +125,7 @@ class Link:
         if not served:
             return
         generation = self._generation
-        self._next = first = min(served, key=_remaining)
+        self._next = first = min(served, key=_REMAINING)
         delay = max(first.remaining_s, 0.0) * len(served)
         self.env.timeout(delay).callbacks.append(lambda _ev: self._complete(generation))
 
@@ -138,10 +136,13 @@ class Link:
         now = self.env.now
         served = self._served()
         # the timer's own transfer is done; so is any tied with it (equal work left)
-        assert self._next is not None
-        done_below = max(self._next.remaining_s, 0.0) + _TIE_S
-        finished = [t for t in served if t is self._next or t.remaining_s <= done_below]
-        left = [t for t in served if not (t is self._next or t.remaining_s <= done_below)]
+        timed = self._next
+        assert timed is not None
+        done_below = max(timed.remaining_s, 0.0) + _TIE_S
+        finished: list[_Transfer] = []
+        left: list[_Transfer] = []
+        for t in served:
+            (finished if t is timed or t.remaining_s <= done_below else left).append(t)
         if served is self._reads:
             self._reads = left
         else:
