@@ -11,6 +11,7 @@ import pytest
 from kvsim.errors import ConfigError
 from kvsim.hardware import load_profile, validate_profile
 from kvsim.hardware.costmodel import RooflineCostModel
+from kvsim.hardware.kernels import allreduce_s
 from kvsim.hardware.measured import (
     MeasuredCostModel,
     RateCurve,
@@ -289,3 +290,96 @@ def test_extrapolation_never_undercuts_the_measured_edge() -> None:
     row = grid(1.0, np.geomspace(1024, 1e6, 50))
     assert np.all(np.diff(row) >= -1e-12 * row[1:])
     assert row[0] == pytest.approx(1e4 * roof2(1, 1024))
+
+
+# -- all-reduce table --------------------------------------------------------------------------
+def _tp2(model, allreduce: dict | None) -> dict:
+    """Tables of ``model`` at tp=2 (shapes per rank), with an optional all-reduce curve."""
+    doc = _measured(model, None, 2.0) | {"tp": 2}
+    tokens = doc["elementwise"]["tokens"]
+    doc["gemm"] = {
+        name: {"k": s.k, "n": s.n, "calls": s.calls, "per": s.per, "tokens": tokens}
+        | {"seconds": [2.0 * m * s.k * s.n / 1e12 + 1e-6 for m in tokens]}
+        for name, s in gemm_shapes(model, 2).items()
+    }
+    if allreduce is not None:
+        doc["allreduce"] = allreduce
+    return doc
+
+
+AR = {"bytes": [512, 8192, 131072, 2097152], "seconds": [2e-5, 2.2e-5, 3e-5, 1.2e-4]}
+
+
+def test_allreduce_table_prices_the_tp_all_reduces(tiny) -> None:
+    base = load_profile("h100-sxm")
+    with_table = make_cost_model(tiny, dataclasses.replace(base, measured=_tp2(tiny, AR)), tp=2)
+    without = make_cost_model(tiny, dataclasses.replace(base, measured=_tp2(tiny, None)), tp=2)
+    assert isinstance(with_table, MeasuredCostModel) and isinstance(without, MeasuredCostModel)
+    calls = 2 * tiny.num_layers
+    bytes_per_token = tiny.hidden_size * 2
+    # at a measured size: exactly the table's seconds per call (8192 bytes = 16 tokens)
+    tokens = 8192 / bytes_per_token
+    assert float(with_table.allreduce_time_s(tokens)) == pytest.approx(calls * 2.2e-5, rel=1e-12)
+    # no table: latency + bytes / bus bandwidth of the profile's algorithms (kernels.py)
+    expected = calls * allreduce_s(base.allreduce_algorithms, tokens * bytes_per_token, 2)
+    assert float(without.allreduce_time_s(tokens)) == pytest.approx(expected, rel=1e-12)
+    # the difference reaches the iteration time, token for token
+    batch = ([], [100] * 16)
+    gap = with_table.iteration_time_s(*batch) - without.iteration_time_s(*batch)
+    assert gap == pytest.approx(calls * 2.2e-5 - expected, rel=1e-9)
+    # a decade beyond the largest measured message: the roofline again
+    far = 2097152 * 10.0 / bytes_per_token
+    roof = calls * allreduce_s(base.allreduce_algorithms, far * bytes_per_token, 2)
+    assert float(with_table.allreduce_time_s(far)) == pytest.approx(max(roof, calls * 1.2e-4))
+    # coalesced decode runs price the same all-reduces as single iterations
+    ends = with_table.decode_run_ends_s(np.array([100.0] * 16), 3)
+    steps = [with_table.iteration_time_s([], [100 + k] * 16) for k in range(3)]
+    assert np.allclose(ends, np.cumsum(steps))
+
+
+def test_tp1_tables_have_no_all_reduce(tiny) -> None:
+    cost = make_cost_model(tiny, _profile(tiny))
+    assert float(cost.allreduce_time_s(1000)) == 0.0
+
+
+def test_fp16_tables_price_bf16_kv(tiny) -> None:
+    doc = _measured(tiny, None, 2.0) | {"dtype": "fp16", "kv_dtype": "fp16"}
+    profile = dataclasses.replace(load_profile("h100-sxm"), measured=doc)
+    assert make_cost_model(tiny, profile, weight_dtype="fp16", kv_dtype="bf16").kind == "measured"
+    fp8 = make_cost_model(tiny, profile, weight_dtype="fp16", kv_dtype="fp8")
+    assert fp8.kind == "roofline" and "kv dtype fp16, not fp8" in fp8.reason
+
+
+@pytest.mark.parametrize(
+    ("doc", "expected"),
+    [
+        (lambda m: _measured(m, None, 2.0) | {"allreduce": AR}, "needs measured.tp > 1"),
+        (
+            lambda m: _tp2(m, {"bytes": [512, 512], "seconds": [1e-5, 2e-5]}),
+            "measured.allreduce.bytes: expected strictly increasing",
+        ),
+        (
+            lambda m: _tp2(m, {"bytes": [512, 1024], "seconds": [1e-5]}),
+            "measured.allreduce.seconds: expected 2 values",
+        ),
+        (
+            lambda m: _tp2(m, None) | {"filled_from_roofline": "gemm.lm_head"},
+            "measured.filled_from_roofline: expected a list of non-empty strings",
+        ),
+        (lambda m: _tp2(m, None) | {"licence": ""}, "measured.licence: expected a non-empty"),
+    ],
+    ids=["tp1", "not-increasing", "short", "filled-not-list", "empty-licence"],
+)
+def test_bad_allreduce_and_provenance_fields(tmp_path: Path, tiny, doc, expected) -> None:
+    path = _write(tmp_path, doc(tiny))
+    with pytest.raises(ConfigError) as info:
+        validate_profile(path)
+    assert "bad.toml: " in str(info.value) and expected in str(info.value)
+
+
+def test_allreduce_and_provenance_load_from_a_file(tmp_path: Path, tiny) -> None:
+    doc = _tp2(tiny, AR) | {"source": "https://example.org", "filled_from_roofline": ["x"]}
+    profile = validate_profile(_write(tmp_path, doc))
+    cost = make_cost_model(tiny, profile, tp=2)
+    assert isinstance(cost, MeasuredCostModel) and cost.allreduce is not None
+    assert cost.tables.extra["filled_from_roofline"] == ["x"]

@@ -13,7 +13,8 @@
 
 An iteration is the sum of its parts, as in Vidur: per-layer GEMMs at the batch's token count,
 the LM head per sequence, per-layer elementwise work, prefill attention per chunk, decode
-attention at (batch, mean context), tensor-parallel all-reduces (roofline), and a fitted fixed
+attention at (batch, mean context), tensor-parallel all-reduces (a measured curve of seconds
+vs bytes when the profile has one, else the roofline of kvsim.hardware.kernels), and a fixed
 overhead. Tables belong to one model, TP degree and dtype; ``make_cost_model`` falls back to the
 roofline when they do not match and says why.
 """
@@ -30,6 +31,7 @@ import numpy as np
 
 from kvsim.errors import ConfigError
 from kvsim.hardware.costmodel import ChunkedPrefill, RooflineCostModel, _windowed_pairs
+from kvsim.hardware.kernels import allreduce_s
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec, attention_costs, kv_heads_per_rank
 from kvsim.models.dtypes import weight_dtype_bytes
@@ -206,6 +208,7 @@ class MeasuredTables:
     storage: Curve | None = None
     storage_path: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    allreduce: Curve | None = None  # one all-reduce over the tp GPUs: seconds vs bytes
 
 
 def _pairs(new: float, context: float) -> float:
@@ -224,7 +227,15 @@ _OPTIONAL_TOP = {
     "scrub_bytes",
     "validation",
     "storage",
+    "allreduce",
+    *("source", "source_commit", "source_note", "licence"),  # imported tables (import-vidur)
+    *("source_files", "filled_from_roofline"),
 }
+_PROVENANCE_TEXT = ("source", "source_commit", "source_note", "licence")
+_PROVENANCE_LISTS = ("source_files", "filled_from_roofline")
+#: Formats whose kernels run at the same speed (same bytes, same tensor-core peak on every GPU
+#: kvsim ships): tables measured in one price the other.
+_SAME_SPEED = ({"fp16", "bf16"},)
 _COPY_NAMES = ("h2d", "d2h")
 _STORAGE_PATHS = ("gds", "bounce", "host")
 
@@ -405,6 +416,19 @@ def parse_measured(data: Mapping[str, Any], fail: Fail) -> MeasuredTables:
         if storage_path not in _STORAGE_PATHS:
             fail("measured.storage.path", f"expected one of {list(_STORAGE_PATHS)}")
         storage = c.curve(raw, "measured.storage", "bytes", integer=True)
+    allreduce = None
+    if "allreduce" in data:
+        raw = c.table(data, "allreduce", "measured.allreduce")
+        if tp == 1:
+            fail("measured.allreduce", "an all-reduce table needs measured.tp > 1")
+        allreduce = c.curve(raw, "measured.allreduce", "bytes", integer=True)
+    for key in _PROVENANCE_TEXT:
+        if key in data:
+            c.text(data, key, f"measured.{key}")
+    for key in _PROVENANCE_LISTS:
+        value = data.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            fail(f"measured.{key}", f"expected a list of non-empty strings, got {value!r:.60}")
     return MeasuredTables(
         **meta,
         tp=tp,
@@ -417,7 +441,12 @@ def parse_measured(data: Mapping[str, Any], fail: Fail) -> MeasuredTables:
         copies=copies,
         storage=storage,
         storage_path=storage_path,
-        extra={k: data[k] for k in ("quick", "repetitions", "validation") if k in data},
+        extra={
+            k: data[k]
+            for k in ("quick", "repetitions", "validation", *_PROVENANCE_TEXT, *_PROVENANCE_LISTS)
+            if k in data
+        },
+        allreduce=allreduce,
     )
 
 
@@ -635,16 +664,37 @@ class MeasuredCostModel(ChunkedPrefill):
             np.array(d.batch), np.array(d.context), np.array(d.seconds), att.decode_roofline(rates)
         )
         self.overhead_s = tables.overhead_s
-        self.allreduce_s_per_token = self.roofline.allreduce_s_per_token
+        self.tp = tp
+        # two all-reduces per layer (after attention, after the MLP) of tokens x hidden x 2 bytes
+        self.allreduce_calls = 2 * model.num_layers
+        self.allreduce_bytes_per_token = model.hidden_size * 2.0
+        algorithms = profile.allreduce_algorithms
+        self.allreduce_roofline: Roofline = lambda b: np.asarray(allreduce_s(algorithms, b, tp))
+        self.allreduce = (
+            _curve(tables.allreduce, self.allreduce_roofline)
+            if tables.allreduce is not None and tp > 1
+            else None
+        )
         self.windowed = self.roofline.windowed
 
     # -- parts ----------------------------------------------------------------------------------
+    def allreduce_time_s(self, tokens: float | np.ndarray) -> np.ndarray:
+        """The iteration's tensor-parallel all-reduces: the measured curve where the profile has
+        one (relaxing to the roofline outside it), else latency + bytes / bandwidth."""
+        tokens = np.asarray(tokens, dtype=np.float64)
+        if self.tp <= 1:
+            return np.zeros_like(tokens)
+        nbytes = np.maximum(tokens * self.allreduce_bytes_per_token, 1.0)
+        curve = self.allreduce
+        per_call = curve(nbytes) if curve is not None else self.allreduce_roofline(nbytes)
+        return self.allreduce_calls * per_call
+
     def linear_time_s(self, tokens: float | np.ndarray, sequences: float | np.ndarray):
         """GEMMs, elementwise work and all-reduces of a batch of ``tokens`` in ``sequences``."""
         total = self.layers * self.elementwise(tokens)
         for calls, per_sequence, curve in self.gemm:
             total = total + calls * curve(sequences if per_sequence else tokens)
-        return total + np.asarray(tokens) * self.allreduce_s_per_token
+        return total + self.allreduce_time_s(tokens)
 
     def prefill_attention_s(self, new: int, context: int) -> float:
         """One chunk's attention over every attention layer."""
@@ -720,11 +770,17 @@ def mismatch(
         return f"measured for model {tables.model!r}, not {model.name!r}"
     if tables.tp != tp:
         return f"measured at tp={tables.tp}, not tp={tp}"
-    if tables.dtype != weight_dtype:
+    if not same_speed(tables.dtype, weight_dtype):
         return f"measured in {tables.dtype}, not weight dtype {weight_dtype}"
-    if tables.kv_dtype != kv_dtype:
+    if not same_speed(tables.kv_dtype, kv_dtype):
         return f"measured with kv dtype {tables.kv_dtype}, not {kv_dtype}"
     return supported(model)
+
+
+def same_speed(measured: str, wanted: str) -> bool:
+    """Whether kernels measured in dtype ``measured`` price dtype ``wanted`` (fp16 and bf16
+    move the same bytes at the same tensor-core peak, so Vidur's fp16 tables price bf16 KV)."""
+    return measured == wanted or any({measured, wanted} <= group for group in _SAME_SPEED)
 
 
 CostModel = MeasuredCostModel | RooflineCostModel
