@@ -22,6 +22,7 @@ from kvsim.engine.tiers import (
     build_shared_tiers,
     fabric_link,
     hourly_cost_usd,
+    layer_pieces,
     resolve_profile,
 )
 from kvsim.errors import KvsimError
@@ -203,7 +204,11 @@ def simulate(
     # a block in a lower tier holds every rank's share of it
     tier_block_bytes = block_bytes * config.tp
     fabric = fabric_link(env, profile, config.tp, count)
-    shared = build_shared_tiers(env, profile, config, settings, tier_block_bytes, count, fabric)
+    pieces = layer_pieces(model)
+    shared = build_shared_tiers(
+        env, profile, config, settings, tier_block_bytes, count, fabric, pieces
+    )
+    node_links: dict = {}  # a node's tiers its reading replicas share (NVMe drives)
     future: FutureUses | None = None
     token_bytes = kv_bytes_per_token(model, config.kv_dtype, config.tp)
     # re-rotating a reused token's keys reads and writes them once (an elementwise pass)
@@ -242,8 +247,19 @@ def simulate(
     for index, role in enumerate(roles):
         policy = make_policy(settings.policies["hbm"], settings.params_of("hbm"))
         pool = BlockPool(num_blocks, policy, block_bytes)
+        node = node_of(index, config.tp, profile.gpus_per_node)
         hierarchy = build_hierarchy(
-            env, profile, config, settings, tier_block_bytes, pool.refs.__contains__, shared
+            env,
+            profile,
+            config,
+            settings,
+            tier_block_bytes,
+            pool.refs.__contains__,
+            shared,
+            pieces,
+            node=node,
+            node_links=node_links,
+            source=index,
         )
         if future is None and (
             policy.needs_future or any(t.policy.needs_future for t in hierarchy.tiers)
@@ -267,7 +283,6 @@ def simulate(
             kind_names=SEGMENT_KINDS,
             future=future,
         )
-        node = node_of(index, config.tp, profile.gpus_per_node)
         replicas.append(Replica(env, config, kv, cost, on_finish, index, role, node))
 
     view = CacheView(env, replicas, cost, config.max_num_batched_tokens, config.router_refresh_s)

@@ -9,6 +9,14 @@ is the cluster's share of a pool that `shared_by_nodes` nodes use (each replica'
 and its bandwidth is one link as wide as the cluster's paths to it (NICs or clients) together,
 so one node's remote reads slow the others'. A replica may burst above its own NIC's share when
 the others are idle (an assumption: the link has no per-node cap).
+
+A node-local tier whose profile says `bandwidth_sharing = "active"` (the NVMe drives) is one link
+per node instead: the replicas reading share the node's bandwidth, and one reading alone gets up
+to its GPUs' own host links or the drives, whichever is lower (GDS measured one GPU bound by its
+PCIe link and four GPUs by the drives, hardware.md S27).
+
+Each DMA copy costs the tier's `transfer_overhead` on top of its bytes; how many copies move one
+block follows the profile's `block_layout` and the model's KV layers (`block_pieces`).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from kvsim.engine.settings import TierSettings
 from kvsim.hardware.profile import HardwareProfile, TierSpec, with_overrides
 from kvsim.kvcache.hierarchy import Hierarchy, LowerTier
 from kvsim.kvcache.link import Link
+from kvsim.models import ModelSpec
 from kvsim.policies import make_policy
 
 SHARED_TIERS = ("rdma", "pfs")  # one pool for the whole cluster: one capacity, one link
@@ -49,7 +58,52 @@ def _bandwidths(profile: HardwareProfile, tier: TierSpec, gpus_used: int) -> tup
 
 def _link(env: simpy.Environment, profile: HardwareProfile, tier: TierSpec, gpus_used: int) -> Link:
     read, write = _bandwidths(profile, tier, gpus_used)
-    return Link(env, tier.name, read, write, tier.latency_s)
+    return Link(env, tier.name, read, write, tier.latency_s, tier.transfer_overhead_s)
+
+
+def layer_pieces(model: ModelSpec) -> tuple[int, int]:
+    """(layers holding KV, KV tensors over those layers): the DMA copies one block takes when it
+    is split per layer, and when K and V are apart too (an MLA latent is one tensor)."""
+    layers = sum(g.kv_layers for g in model.layer_groups)
+    tensors = sum(g.kv_layers * (1 if g.kind == "mla" else 2) for g in model.layer_groups)
+    return max(layers, 1), max(tensors, 1)
+
+
+def pieces_per_block(tier: TierSpec, pieces: tuple[int, int]) -> int:
+    """DMA copies that move one block of `tier` (vLLM's KV offloading post, blog.vllm.ai
+    2026-01-08: one per block since vLLM 0.12's contiguous layout; before, one per layer, or two
+    where the attention backend keeps K and V apart)."""
+    if tier.block_layout == "per_layer":
+        return pieces[0]
+    if tier.block_layout == "per_layer_kv":
+        return pieces[1]
+    return 1
+
+
+def gpu_read_cap_bytes_per_s(profile: HardwareProfile) -> float:
+    """What one GPU's own host link can carry into HBM: the dram tier's measured host-to-device
+    rate when the profile gives one per GPU, else the link's spec, whichever is lower."""
+    cap = profile.gpu.host_link_bandwidth_bytes_per_s
+    for spec in profile.tiers:
+        if spec.name == "dram" and spec.bandwidth_scope == "per_gpu":
+            cap = min(cap, spec.read_bandwidth_bytes_per_s)
+    return cap
+
+
+def node_link(env: simpy.Environment, profile: HardwareProfile, tier: TierSpec, tp: int) -> Link:
+    """The one link to a node's `active`-shared tier: the node's whole bandwidth (several nodes'
+    for a replica wider than one), at most `tp` GPUs' host links for each replica reading."""
+    nodes = max(tp / profile.gpus_per_node, 1.0)
+    gpus = profile.gpus_per_node
+    return Link(
+        env,
+        tier.name,
+        tier.node_read_bandwidth_bytes_per_s(gpus) * nodes,
+        tier.node_write_bandwidth_bytes_per_s(gpus) * nodes,
+        tier.latency_s,
+        tier.transfer_overhead_s,
+        source_cap_bytes_per_s=gpu_read_cap_bytes_per_s(profile) * tp,
+    )
 
 
 def fabric_link(
@@ -72,6 +126,7 @@ def build_shared_tiers(
     block_bytes: int,
     replicas: int,
     fabric: Link | None,
+    pieces: tuple[int, int] = (1, 1),
 ) -> dict[str, LowerTier]:
     """The enabled shared tiers, built once: the cluster's share of the pool (each replica's
     share, summed, at most the whole pool) behind one link. rdma rides the fabric."""
@@ -93,6 +148,7 @@ def build_shared_tiers(
             link=link,
             admission=settings.admissions[spec.name],
             where=where,
+            pieces_per_block=pieces_per_block(spec, pieces),
         )
     return out
 
@@ -105,9 +161,18 @@ def build_hierarchy(
     block_bytes: int,
     in_hbm,
     shared: dict[str, LowerTier],
+    pieces: tuple[int, int] = (1, 1),
+    node: int = 0,
+    node_links: dict[tuple[str, int], Link] | None = None,
+    source: int = 0,
 ) -> Hierarchy:
     """One replica's enabled tiers below HBM, each with its policy, admission rule and link;
-    node-local tiers are its own share, `shared` ones are the cluster's."""
+    node-local tiers are its own share, `shared` ones are the cluster's. A tier shared by the
+    replicas reading (`bandwidth_sharing = "active"`) rides one link per node, kept in
+    `node_links` across the replicas; `source` tells this replica apart on it. `pieces` is
+    `layer_pieces` of the model."""
+    if node_links is None:
+        node_links = {}
     tiers: list[LowerTier] = []
     links: dict[str, Link] = {}
     for spec in profile.tiers:
@@ -119,7 +184,13 @@ def build_hierarchy(
             tiers.append(tier)
             continue
         blocks = int(spec.capacity_bytes * replica_share(profile, spec, config.tp) // block_bytes)
-        link = links[spec.name] = _link(env, profile, spec, config.tp)
+        if spec.bandwidth_sharing == "active":
+            key = (spec.name, node)
+            if key not in node_links:
+                node_links[key] = node_link(env, profile, spec, config.tp)
+            link = links[spec.name] = node_links[key]
+        else:
+            link = links[spec.name] = _link(env, profile, spec, config.tp)
         bounce = None
         if spec.name == "nvme" and spec.path == "bounce":
             host = profile.tier("dram")
@@ -133,6 +204,7 @@ def build_hierarchy(
                 link=link,
                 admission=settings.admissions[spec.name],
                 bounce=bounce,
+                pieces_per_block=pieces_per_block(spec, pieces),
             )
         )
     return Hierarchy(
@@ -142,6 +214,7 @@ def build_hierarchy(
         write_through=config.write_policy == "write-through",
         inclusive=config.hierarchy == "inclusive",
         in_hbm=in_hbm,
+        source=source,
     )
 
 

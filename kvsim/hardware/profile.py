@@ -19,6 +19,15 @@ TIER_NAMES: tuple[str, ...] = ("hbm", "dram", "cxl", "nvme", "rdma", "pfs")
 
 BandwidthScope = Literal["per_gpu", "per_node"]
 NvmePath = Literal["gds", "bounce"]
+BlockLayout = Literal["contiguous", "per_layer", "per_layer_kv"]
+BandwidthSharing = Literal["fixed", "active"]
+BLOCK_LAYOUTS: tuple[str, ...] = ("contiguous", "per_layer", "per_layer_kv")
+"""How a KV block lies in HBM, so how many DMA copies moving one block takes: one (all layers in
+one contiguous run, vLLM >= 0.12), one per layer, or one per layer for K and one for V."""
+BANDWIDTH_SHARINGS: tuple[str, ...] = ("fixed", "active")
+"""How replicas on a node share a per-node tier's bandwidth: each its fixed tp/gpus_per_node share,
+or the replicas reading at the moment share all of it (one reading alone gets up to its GPUs'
+own link limit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +71,11 @@ class TierSpec:
     enabled: bool
     path: NvmePath | None  # nvme only: GPUDirect Storage or a bounce through host DRAM
     faster_than_above_note: str | None = None
+    # each DMA copy's fixed cost (setup, descriptor, completion), paid once per copy on top of
+    # bytes / bandwidth, so small copies reach a fraction of the bandwidth (0: size-blind)
+    transfer_overhead_s: float = 0.0
+    block_layout: BlockLayout = "contiguous"  # copies per block: see BLOCK_LAYOUTS
+    bandwidth_sharing: BandwidthSharing = "fixed"  # see BANDWIDTH_SHARINGS
 
     def node_read_bandwidth_bytes_per_s(self, gpus_per_node: int) -> float:
         """Read bandwidth for the whole node, so tiers of either scope compare."""

@@ -20,7 +20,15 @@ from typing import Any, NoReturn
 from kvsim.errors import ConfigError
 from kvsim.hardware.durations import parse_duration
 from kvsim.hardware.measured import parse_measured
-from kvsim.hardware.profile import TIER_NAMES, Efficiency, GpuSpec, HardwareProfile, TierSpec
+from kvsim.hardware.profile import (
+    BANDWIDTH_SHARINGS,
+    BLOCK_LAYOUTS,
+    TIER_NAMES,
+    Efficiency,
+    GpuSpec,
+    HardwareProfile,
+    TierSpec,
+)
 from kvsim.textio import key_name, parse_toml, read_utf8
 from kvsim.units import is_finite_number, parse_rate, parse_size
 
@@ -57,6 +65,9 @@ _TIER_FIELDS = {
     "enabled",
     "path",
     "faster_than_above_note",
+    "transfer_overhead",
+    "block_layout",
+    "bandwidth_sharing",
 }
 #: Most GPUs per node, or nodes sharing one tier, a profile may state: NVL72 racks have 72 GPUs
 #: and a shared pool a few thousand nodes; a larger count is a typo and would overflow the
@@ -264,6 +275,19 @@ def _tier(r: _Reader, index: int, raw: Any) -> TierSpec:
     note = raw.get("faster_than_above_note")
     if note is not None and (not isinstance(note, str) or not note.strip()):
         r.fail(p + "faster_than_above_note", f"expected a non-empty string, got {note!r}")
+    overhead = (
+        r.duration(raw, "transfer_overhead", p + "transfer_overhead")
+        if "transfer_overhead" in raw
+        else 0.0
+    )
+    layout = _choice(r, raw, "block_layout", p, BLOCK_LAYOUTS, "contiguous")
+    sharing = _choice(r, raw, "bandwidth_sharing", p, BANDWIDTH_SHARINGS, "fixed")
+    if sharing == "active" and (name in ("hbm", "rdma", "pfs") or scope != "per_node"):
+        r.fail(
+            p + "bandwidth_sharing",
+            "'active' is for a node-local tier below hbm (dram, cxl, nvme) with "
+            "bandwidth_scope = 'per_node'",
+        )
     return TierSpec(
         name=name,
         capacity_bytes=r.size(raw, "capacity", p + "capacity"),
@@ -276,7 +300,20 @@ def _tier(r: _Reader, index: int, raw: Any) -> TierSpec:
         enabled=enabled,
         path=path,
         faster_than_above_note=note,
+        transfer_overhead_s=overhead,
+        block_layout=layout,  # type: ignore[arg-type]  # checked by _choice
+        bandwidth_sharing=sharing,  # type: ignore[arg-type]  # checked by _choice
     )
+
+
+def _choice(
+    r: _Reader, raw: dict[str, Any], key: str, prefix: str, valid: tuple[str, ...], default: str
+) -> str:
+    """An optional field that takes one of a few words."""
+    value = raw.get(key, default)
+    if value not in valid:
+        r.fail(prefix + key, f"expected one of {list(valid)}, got {_shown(value)}")
+    return value
 
 
 def _tiers(r: _Reader, data: dict[str, Any], gpu: GpuSpec, gpus: int) -> tuple[TierSpec, ...]:

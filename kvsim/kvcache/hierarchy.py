@@ -73,6 +73,7 @@ class LowerTier:
     link: Link
     admission: str = "all"
     bounce: Link | None = None  # nvme without GPUDirect Storage: second hop through DRAM
+    pieces_per_block: int = 1  # DMA copies that move one block (its layout in HBM)
     resident: int = 0  # blocks whose copy has landed here
     pinned: dict[int, int] = field(default_factory=dict)  # blocks being read: not evictable
     incoming: int = 0  # blocks reserved by writes in flight
@@ -117,8 +118,10 @@ class Hierarchy:
         write_through: bool = False,
         inclusive: bool = True,
         in_hbm: Callable[[int], bool] = lambda key: False,
+        source: int = 0,
     ) -> None:
         self.env = env
+        self.source = source  # who this replica is on a link that caps each source
         self.tiers = tiers
         self.block_bytes = block_bytes
         self.write_through = write_through
@@ -163,15 +166,25 @@ class Hierarchy:
     def load_estimate_s(self, tiers: list[int]) -> np.ndarray:
         """Cumulative seconds to load the first 1, 2, ... of these blocks, on the links as they
         are loaded now (a link with k loads in flight gives a new one 1/(k+1); write-backs
-        yield to loads); each tier's latency is paid once."""
+        yield to loads); each tier's latency is paid once, each DMA copy's overhead per block."""
         per_block = np.empty(len(self.tiers))
         latency = np.empty(len(self.tiers))
         for tier in self.tiers:
             link = tier.link
-            cost = (link.reads_in_flight + 1) * self.block_bytes / link.read_bytes_per_s
+            if link.overhead_s > 0 or link.source_cap_bytes_per_s is not None:
+                work = link.work_s(self.block_bytes, tier.pieces_per_block)
+                cost = link.read_slowdown(self.source) * work
+            else:
+                cost = (link.reads_in_flight + 1) * self.block_bytes / link.read_bytes_per_s
             if tier.bounce is not None:
                 bounce = tier.bounce
-                cost += (bounce.reads_in_flight + 1) * self.block_bytes / bounce.read_bytes_per_s
+                if bounce.overhead_s > 0 or bounce.source_cap_bytes_per_s is not None:
+                    work = bounce.work_s(self.block_bytes, tier.pieces_per_block)
+                    cost += bounce.read_slowdown(self.source) * work
+                else:
+                    cost += (
+                        (bounce.reads_in_flight + 1) * self.block_bytes / bounce.read_bytes_per_s
+                    )
             per_block[tier.index] = cost
             latency[tier.index] = link.latency_s
         index = np.asarray(tiers)
@@ -195,19 +208,21 @@ class Hierarchy:
             tier = self.tiers[t]
             tier.stats.loaded_out += len(group)
             nbytes = len(group) * self.block_bytes
-            done = tier.link.transfer(nbytes)
+            pieces = len(group) * tier.pieces_per_block
+            done = tier.link.transfer(nbytes, pieces=pieces, source=self.source)
             if tier.bounce is not None:
-                done = self._then(done, tier.bounce, nbytes)
+                done = self._then(done, tier.bounce, nbytes, pieces)
             done.callbacks.append(lambda _ev, tier=tier, group=group: self._loaded(tier, group))
             events.append(done)
         return simpy.AllOf(self.env, events)
 
-    def _then(self, first: simpy.Event, link: Link, nbytes: int) -> simpy.Event:
+    def _then(self, first: simpy.Event, link: Link, nbytes: int, pieces: int) -> simpy.Event:
         """A second hop that starts when `first` is done (the NVMe bounce through DRAM)."""
         done = self.env.event()
 
         def hop(_ev: simpy.Event) -> None:
-            link.transfer(nbytes).callbacks.append(lambda _e: done.succeed())
+            moved = link.transfer(nbytes, pieces=pieces, source=self.source)
+            moved.callbacks.append(lambda _e: done.succeed())
 
         first.callbacks.append(hop)
         return done
@@ -321,7 +336,12 @@ class Hierarchy:
         tier.incoming += len(keys)
         tier.stats.written_in += len(keys)
         where.update(dict.fromkeys(keys, ~tier.index))
-        done = tier.link.transfer(len(keys) * self.block_bytes, write=True)
+        done = tier.link.transfer(
+            len(keys) * self.block_bytes,
+            write=True,
+            pieces=len(keys) * tier.pieces_per_block,
+            source=self.source,
+        )
         done.callbacks.append(lambda _ev: self._landed(tier, keys))
 
     def _landed(self, tier: LowerTier, keys: list[int]) -> None:
