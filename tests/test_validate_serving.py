@@ -1,0 +1,160 @@
+"""benchmarks/validate_serving.py: its data file, its error arithmetic and its fit/held-out split.
+
+No long runs here: the replay itself is exercised on one tiny point.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tomllib
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "validate_serving.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("validate_serving", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["validate_serving"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+vs = _load()
+
+
+def _point(**over: object) -> object:
+    base: dict[str, object] = {
+        "id": "p",
+        "source": "s",
+        "engine": "e",
+        "gpu": "h100-sxm",
+        "model": "llama-3.1-8b",
+        "tp": 1,
+        "weight_dtype": "bf16",
+        "kv_dtype": "bf16",
+        "workload": "fixed",
+        "arrival": "poisson",
+        "below_saturation": True,
+        "quote": "q",
+        "measured": {"ttft_s": 0.1},
+        "input_tokens": 64,
+        "output_tokens": 8,
+        "rate_per_s": 2.0,
+    }
+    base.update(over)
+    return vs.Point(**base)
+
+
+def test_data_file_parses_and_every_point_is_sourced() -> None:
+    data = vs.load_dataset()
+    assert len(data.points) >= 20
+    raw = tomllib.loads(vs.DATA.read_text(encoding="utf-8"))
+    for point, table in zip(data.points, raw["points"], strict=True):
+        source = data.sources[point.source]
+        assert source["url"].startswith("https://")
+        assert source["measured"] and table["quote"]
+        assert point.measured, point.id
+        assert point.tp >= 1 and point.gpu and point.engine
+    # both halves, both saturation classes, every source in each half
+    halves = vs.split_halves(data.points)
+    for source in data.sources:
+        got = {halves[p.id] for p in data.points if p.source == source}
+        assert got == {"fit", "held-out"}, source
+    assert any(p.below_saturation for p in data.points)
+    assert any(not p.below_saturation for p in data.points)
+
+
+def test_models_and_profiles_named_by_the_data_exist() -> None:
+    from kvsim.hardware import load_profile
+    from kvsim.models import load_model
+
+    data = vs.load_dataset()
+    for name in {p.model for p in data.points}:
+        load_model(name)
+    for name in {p.gpu for p in data.points}:
+        load_profile(name)
+
+
+def test_missing_field_is_refused(tmp_path: Path) -> None:
+    text = vs.DATA.read_text(encoding="utf-8")
+    first = text.index('quote = "| 4 | 1200 | SGLang')
+    broken = tmp_path / "serving.toml"
+    broken.write_text(text[:first] + text[text.index("\n", first) + 1 :], encoding="utf-8")
+    with pytest.raises(ValueError, match="missing quote"):
+        vs.load_dataset(broken)
+
+
+def test_split_alternates_within_each_source_by_sorted_id() -> None:
+    points = [
+        _point(id=i, source=s) for s, i in [("a", "a3"), ("a", "a1"), ("b", "b1"), ("a", "a2")]
+    ]
+    assert vs.split_halves(points) == {"a1": "fit", "a2": "held-out", "a3": "fit", "b1": "fit"}
+
+
+def test_error_fit_and_summary_on_a_hand_worked_case() -> None:
+    assert vs.signed_error(90.0, 100.0) == pytest.approx(-0.10)
+    assert vs.signed_error(125.0, 100.0) == pytest.approx(0.25)
+    # kvsim TTFT 20 ms with 5 ms of profile overhead inside: 15 ms without it.
+    rows = []
+    for pid, half, measured, below in [
+        ("a", "fit", 0.030, True),  # gap 15 ms
+        ("b", "fit", 0.045, True),  # gap 30 ms
+        ("c", "fit", 0.020, True),  # gap  5 ms
+        ("d", "fit", 9.000, False),  # saturated: not in the fit
+        ("e", "held-out", 0.035, True),  # held out: not in the fit
+    ]:
+        p = _point(id=pid, measured={"ttft_s": measured, "e2e_s": 1.0}, below_saturation=below)
+        r = vs.Result(p, {"ttft_s": 0.020, "e2e_s": 0.9}, {"ttft_s": 0.015, "e2e_s": 0.895}, 1, 0.0)
+        r.half = half
+        rows.append(r)
+    overhead, n = vs.fit_overhead(rows)
+    assert (overhead, n) == (pytest.approx(0.015), 3)
+    vs.apply_fit(rows, overhead)
+    held = rows[-1]
+    assert held.fitted["ttft_s"] == pytest.approx(0.030)
+    assert held.fitted["e2e_s"] == pytest.approx(0.910)
+    assert vs.errors(held, "now")["ttft_s"] == pytest.approx((0.020 - 0.035) / 0.035)
+    assert vs.errors(held, "fitted")["ttft_s"] == pytest.approx((0.030 - 0.035) / 0.035)
+    summary = {(s["half"], s["load"], s["metric"]): s for s in vs.summarize(rows, "fitted")}
+    fit_ttft = summary[("fit", "below saturation", "TTFT")]
+    assert fit_ttft["n"] == 3
+    # errors 0, -1/3, +0.5 -> median |error| 1/3, worst 0.5 at c
+    assert fit_ttft["median"] == pytest.approx(1 / 3)
+    assert (fit_ttft["worst"], fit_ttft["worst_id"]) == (pytest.approx(0.5), "c")
+    assert summary[("held-out", "below saturation", "TTFT")]["n"] == 1
+    assert summary[("fit", "saturated", "TTFT")]["n"] == 1
+
+
+def test_workloads_have_the_published_shape() -> None:
+    data = vs.load_dataset()
+    assert data.sharegpt is not None
+    ins, outs = vs.sharegpt_lengths(data.sharegpt, 4000, np.random.default_rng(1))
+    assert len(ins) == len(outs) == 4000
+    assert ins.min() >= 4 and outs.min() >= 4 and ins.max() <= 1024
+    assert (ins + outs).max() <= 2048
+    assert 150 < ins.mean() < 260 and 150 < outs.mean() < 230
+    closed = vs.build_trace(_point(arrival="concurrency", concurrency=3), 7, None)
+    table = closed.table
+    assert table.column("session_id").to_pylist() == [0, 1, 2, 0, 1, 2, 0]
+    think = table.column("think_time_s").to_pylist()
+    assert think[:3] == [None, None, None] and think[3:] == [0.0] * 4
+    offline = vs.build_trace(_point(arrival="offline"), 5, None)
+    assert offline.table.column("arrival_s").to_pylist() == [0.0] * 5
+
+
+def test_a_tiny_point_replays_through_kvsim() -> None:
+    data = vs.Dataset([], {"s": {"url": "https://example"}}, None)
+    point = _point(measured={"ttft_s": 0.05, "tpot_s": 0.01, "e2e_s": 0.2}, num_prompts=6)
+    result = vs.run_point(data, point, max_requests=6)
+    assert result.requests == 6
+    assert 0 < result.kvsim["ttft_s"] < result.kvsim["e2e_s"]
+    assert result.kvsim["itl_s"] == result.kvsim["tpot_s"] > 0
+    assert result.raw["tpot_s"] == result.kvsim["tpot_s"]
