@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -29,6 +30,8 @@ from kvsim.run import RunConfig, run
 
 MODEL = load_model("llama-3.1-8b")
 PROFILE = load_profile("h100-sxm")
+# the profile the digests below were taken with (issue 11 changed the shipped one's tier numbers)
+PINNED_PROFILE = str(Path(__file__).parent / "data" / "h100-sxm-before-issue-11.toml")
 
 
 def digest(table) -> str:
@@ -42,11 +45,12 @@ def digest(table) -> str:
 
 
 # Digests of the requests table written by the single-replica engine before clusters existed
-# (commit f306b69), same configurations, same seed.
+# (commit f306b69), same configurations, same seed, same profile.
 BEFORE_CLUSTERS = {
     "agentic-tiers": (
         RunConfig(
             trace="agentic",
+            hardware=PINNED_PROFILE,
             max_requests=300,
             engine=EngineConfig(num_gpu_blocks=2500, tiers="hbm,dram,nvme,rdma"),
         ),
@@ -55,6 +59,7 @@ BEFORE_CLUSTERS = {
     "mooncake-belady": (
         RunConfig(
             trace="mooncake-conversation",
+            hardware=PINNED_PROFILE,
             max_requests=300,
             engine=EngineConfig(policy="hbm=belady,dram=arc", rope_reuse=True),
         ),
