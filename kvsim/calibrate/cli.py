@@ -161,7 +161,23 @@ def run_calibration(
     return result, profile, paths
 
 
-@click.command("calibrate")
+class _MeasureByDefault(click.Group):
+    """``kvsim calibrate OPTIONS`` measures, as it always has; ``kvsim calibrate import-vidur``
+    (or any other subcommand named first) runs that subcommand instead."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h")):
+            args = ["measure", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group("calibrate", cls=_MeasureByDefault)
+def calibrate() -> None:
+    """Measured kernel costs for a profile: measure this machine (the default: kvsim calibrate
+    [measure] OPTIONS) or import Vidur's public profiling data (import-vidur)."""
+
+
+@calibrate.command("measure")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
 @click.option("--model", "model_name", required=True, help="Catalog name or model TOML file.")
 @click.option(
@@ -198,7 +214,7 @@ def run_calibration(
     required=True,
     help="Profile to write, e.g. hardware_profiles/measured/NAME.toml.",
 )
-def calibrate(
+def measure(
     device: str,
     model_name: str,
     tp: int,
@@ -209,7 +225,8 @@ def calibrate(
     threads: int | None,
     out: Path,
 ) -> None:
-    """Measure kernel and transfer costs on this machine and write a calibrated profile."""
+    """Measure kernel and transfer costs on this machine and write a calibrated profile
+    (the default: kvsim calibrate OPTIONS runs this)."""
     shown = Progress()
     if device == "cpu":
         steady_allocator()
@@ -239,6 +256,94 @@ def calibrate(
         )
     for note in result.notes:
         click.echo(f"  {note}")
+
+
+@calibrate.command("import-vidur")
+@click.argument("folder", type=click.Path(path_type=Path))
+@click.option("--model", "model_name", required=True, help="Catalog name or model TOML file.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Profile to write, e.g. hardware_profiles/measured/NAME.toml.",
+)
+@click.option(
+    "--profile",
+    "base",
+    default=None,
+    help="Profile of the GPU Vidur measured, for everything not measured "
+    "(default: a100 -> a100-80gb, h100 -> h100-sxm).",
+)
+@click.option("--gpu", default=None, help="Vidur's GPU folder when FOLDER holds several.")
+@click.option("--commit", default=None, help="Vidur commit the CSVs come from (provenance).")
+@click.option("--note", default=None, help="A line of provenance to keep with the tables.")
+def import_vidur_command(
+    folder: Path,
+    model_name: str,
+    tp: int,
+    out: Path,
+    base: str | None,
+    gpu: str | None,
+    commit: str | None,
+    note: str | None,
+) -> None:
+    """Write a measured profile from Vidur's profiling CSVs (FOLDER: Vidur's data/profiling, or
+    a folder holding mlp.csv, attention.csv, all_reduce.csv). Gaps come from the roofline."""
+    imported, profile = import_vidur_profile(
+        folder, model_name, tp, out, base=base, gpu=gpu, commit=commit, note=note
+    )
+    click.echo(f"wrote {out} ({profile.name}: {imported.base} + Vidur tables, tp={tp})")
+    filled = ", ".join(imported.filled) or "nothing"
+    click.echo(f"  filled from the roofline: {filled}")
+    for line in imported.notes:
+        click.echo(f"  {line}")
+
+
+def import_vidur_profile(
+    folder: Path,
+    model_name: str,
+    tp: int,
+    out: Path,
+    *,
+    base: str | None = None,
+    gpu: str | None = None,
+    commit: str | None = None,
+    note: str | None = None,
+):
+    """``kvsim calibrate import-vidur`` as a Python call: (Imported, the validated profile).
+    Nothing is written unless the whole profile validates."""
+    from kvsim.calibrate.vidur_import import GPU_PROFILES, import_vidur, locate, write_atomically
+    from kvsim.hardware import load_profile, validate_profile
+    from kvsim.hardware.registry import profile_path
+    from kvsim.models import load_model
+
+    if out.suffix != ".toml":
+        raise ConfigError(f"--out: expected a .toml path, got {out}")
+    model = load_model(model_name)
+    if base is None:
+        where = locate(folder, model, gpu, None) if folder.is_dir() else None
+        base = GPU_PROFILES.get(where.gpu or "") if where else None
+        if base is None:
+            raise ConfigError(
+                f"--profile: {folder} does not say which shipped profile its GPU matches "
+                f"({', '.join(f'{g} -> {p}' for g, p in GPU_PROFILES.items())}); name one"
+            )
+    base_profile = load_profile(base)
+    base_file = base_profile.source_path or profile_path(base)
+    imported = import_vidur(
+        folder,
+        model,
+        tp,
+        out,
+        base_profile,
+        Path(base_file).read_text(encoding="utf-8"),
+        gpu=gpu,
+        commit=commit,
+        note=note,
+    )
+    profile = write_atomically(out, imported.text, validate_profile)
+    return imported, profile
 
 
 def main() -> None:

@@ -641,7 +641,11 @@ class MeasuredCostModel(ChunkedPrefill):
         if reason:
             raise ConfigError(f"measured tables do not apply: {reason}")
         self.tables = tables
-        self.reason = f"measured on {tables.device} ({tables.date})"
+        source = tables.extra.get("source")
+        if source:  # imported tables (kvsim calibrate import-vidur) say whose measurements
+            self.reason = f"measured by {source} on {tables.device}"
+        else:
+            self.reason = f"measured on {tables.device} ({tables.date})"
         self.roofline = RooflineCostModel(
             model, profile, tp=tp, kv_dtype=kv_dtype, weight_dtype=weight_dtype
         )
@@ -664,6 +668,7 @@ class MeasuredCostModel(ChunkedPrefill):
             np.array(d.batch), np.array(d.context), np.array(d.seconds), att.decode_roofline(rates)
         )
         self.overhead_s = tables.overhead_s
+        self.request_overhead_s = self.roofline.request_overhead_s
         self.tp = tp
         # two all-reduces per layer (after attention, after the MLP) of tokens x hidden x 2 bytes
         self.allreduce_calls = 2 * model.num_layers
