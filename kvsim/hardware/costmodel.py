@@ -1,19 +1,25 @@
-"""Iteration time of one forward pass of a batch: a roofline over the hardware profile.
+"""Iteration time of one forward pass of a batch: a sum of per-kernel rooflines.
 
-An iteration is memory-bound or compute-bound, whichever takes longer (Williams et al., "Roofline",
-CACM 2009), plus tensor-parallel all-reduces and a fixed per-iteration overhead:
+An iteration runs its kernels one after another, so its time is the sum of theirs, as in Vidur
+(Agrawal et al., MLSys 2024) and measured with its profiling data (docs/validation.md):
 
-    t = max(flops / (peak * eff_compute), bytes / (hbm_bw * eff_memory)) + t_allreduce + t_fixed
+    t = t_gemm + t_elementwise + t_attention + t_allreduce + t_iteration_overhead
 
-- flops: 2 x active parameters per token (every scheduled token), plus attention: one FLOP count
-  per (query token, cached key token) pair, over each layer group's window.
-- bytes: all weights of a rank once per iteration, plus the KV every sequence reads (its context
-  within each group's window) and writes (its new tokens), plus fixed linear/Mamba state.
-- t_allreduce: two all-reduces per layer of hidden x tokens x 2 bytes, moved as a ring
-  (2 (tp-1)/tp of the payload) over the GPU interconnect.
+- t_gemm: the weight matmuls (2 x active parameters FLOPs per token, every weight byte read once
+  per iteration), one fixed cost per kernel plus the soft roofline of kvsim.hardware.kernels;
+- t_elementwise: norms, RoPE, activation, residual adds and the KV write, memory-bound passes
+  over each token's activations, with their own bandwidth efficiency and fixed cost per kernel;
+- t_attention: per layer, a fixed cost plus the soft roofline of the (query, key) pair FLOPs at
+  attention's own efficiency and the KV bytes read (context within each group's window) and
+  written;
+- t_allreduce: two all-reduces per layer of tokens x hidden x 2 bytes at tensor parallelism,
+  each priced by the profile's algorithms (latency + bytes / bus bandwidth, the cheapest);
+- t_iteration_overhead: the engine's CPU time per iteration (schedule, prepare, sample).
 
-Efficiencies and the overhead come from the profile; measured tables from calibration replace this
-model when a profile carries them (``kvsim.hardware.measured.make_cost_model``).
+FLOPs run at the peak of the compute dtype: FP8 weights on a GPU with FP8 tensor cores run
+W8A8 at the FP8 peak (vLLM's FP8 path on Hopper and later), anything else at the BF16 peak.
+Measured tables from calibration replace this model when a profile carries them
+(``kvsim.hardware.measured.make_cost_model``).
 """
 
 from __future__ import annotations
@@ -22,8 +28,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.hardware.kernels import (
+    ELEMENTWISE_KERNELS_PER_LAYER,
+    KernelRates,
+    elementwise_bytes_per_token,
+)
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec, attention_costs, linear_flops_per_token, weight_bytes
+from kvsim.models.sizing import kv_heads_per_rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +67,49 @@ class ChunkedPrefill:
         return total
 
 
+def compute_dtype_for(weight_dtype: str, profile: HardwareProfile) -> str:
+    """The dtype matmuls run in: FP8 for FP8 weights where the GPU has an FP8 peak (W8A8),
+    else BF16 (int8/int4 weights are dequantised into BF16 matmuls, W8A16 / W4A16)."""
+    if weight_dtype == "fp8" and "fp8" in profile.gpu.peak_flops_per_s:
+        return "fp8"
+    return "bf16"
+
+
+def gemm_kernels_per_iteration(model: ModelSpec) -> int:
+    """Weight matmul kernels of one forward pass: two per attention layer (QKV, output), five
+    per MLA layer (q_a, q_b, kv_a, kv_b, output), two per Mamba layer (in, out), two per dense
+    MLP (gate-up, down), three per MoE MLP (router, grouped gate-up, grouped down; two more with
+    shared experts), and the LM head."""
+    count = 1
+    for g in model.layer_groups:
+        per = {"full": 2, "sliding": 2, "mla": 5 if g.q_lora_rank else 4}.get(g.kind, 2)
+        count += g.layers * (per if g.kind != "none" else 0)
+    for m in model.mlp_groups:
+        count += m.layers * ((3 + (2 if m.num_shared_experts else 0)) if m.is_moe else 2)
+    return count
+
+
+def model_elementwise_bytes_per_token(model: ModelSpec, tp: int, dtype_bytes: float) -> float:
+    """Elementwise bytes per token over all layers (kvsim.hardware.kernels), per rank."""
+    g = model.layer_groups[0]
+    heads = max(1, g.num_heads // tp) if g.num_heads else 0
+    if g.kind == "mla":
+        q_width = heads * (g.qk_nope_head_dim + g.qk_rope_head_dim)
+        kv_width = g.kv_lora_rank + g.qk_rope_head_dim
+    else:
+        q_width = heads * g.head_dim_k
+        kv_width = kv_heads_per_rank(g.num_kv_heads, tp) * g.head_dim_k if g.num_kv_heads else 0
+    m = model.mlp_groups[0] if model.mlp_groups else None
+    inter = 0
+    if m is not None:
+        per_token = m.experts_per_token if m.is_moe else 1
+        inter = max(1, m.intermediate_size * max(per_token, 1) // tp)
+    per_layer = elementwise_bytes_per_token(
+        model.hidden_size, q_width, kv_width, inter, True, dtype_bytes
+    )
+    return per_layer * model.num_layers
+
+
 class RooflineCostModel(ChunkedPrefill):
     """Turns a batch (prefill chunks with their context, decode contexts) into seconds."""
 
@@ -69,17 +124,26 @@ class RooflineCostModel(ChunkedPrefill):
         tp: int = 1,
         kv_dtype: str = "bf16",
         weight_dtype: str = "bf16",
-        compute_dtype: str = "bf16",
+        compute_dtype: str | None = None,
     ) -> None:
-        gpu = profile.gpu
-        if compute_dtype not in gpu.peak_flops_per_s:
+        compute_dtype = compute_dtype or compute_dtype_for(weight_dtype, profile)
+        if compute_dtype not in profile.gpu.peak_flops_per_s:
             compute_dtype = "bf16"
+        self.compute_dtype = compute_dtype
+        self.rates = KernelRates.of(profile, compute_dtype)
         eff = profile.efficiency
-        self.flops_per_s = gpu.peak_flops_per_s[compute_dtype] * eff.compute
-        self.bytes_per_s = gpu.hbm_bandwidth_bytes_per_s * eff.memory
         self.overhead_s = eff.iteration_overhead_s
+        # API server, tokenisation, detokenisation: paid once per request, outside iterations
+        self.request_overhead_s = eff.request_overhead_s
+        self.tp = tp
+        self.layers = model.num_layers
         self.weight_bytes = float(weight_bytes(model, weight_dtype, tp))
         self.linear_flops_per_token = float(linear_flops_per_token(model, tp))
+        self.gemm_kernels = gemm_kernels_per_iteration(model)
+        self.elementwise_kernels = ELEMENTWISE_KERNELS_PER_LAYER * model.num_layers
+        self.elementwise_bytes_per_token = model_elementwise_bytes_per_token(model, tp, 2.0)
+        self.allreduce_calls = 2 * model.num_layers if tp > 1 else 0
+        self.allreduce_bytes_per_token = model.hidden_size * 2.0  # bf16 activations
         self.groups = tuple(
             _Group(
                 window=int(c.window or 0),
@@ -90,20 +154,30 @@ class RooflineCostModel(ChunkedPrefill):
             )
             for c in attention_costs(model, kv_dtype, tp)
         )
+        self.attention_layers = sum(c.layers for c in attention_costs(model, kv_dtype, tp))
         self.windowed = any(g.window for g in self.groups)
         self.kv_bytes_per_token = sum(g.kv_bytes_per_token for g in self.groups)
         self.flops_per_pair = sum(g.flops_per_pair for g in self.groups)
         self.state_bytes_per_seq = sum(g.state_bytes_per_seq for g in self.groups)
-        # all-reduce seconds per token: 2 per layer, hidden x 2 bytes (bf16 activations)
-        if tp > 1:
-            payload = 2 * model.num_layers * model.hidden_size * 2.0
-            self.allreduce_s_per_token = (
-                payload * 2 * (tp - 1) / tp / gpu.interconnect_bandwidth_bytes_per_s
-            )
-        else:
-            self.allreduce_s_per_token = 0.0
 
-    # -- attention work ------------------------------------------------------------------------
+    # -- the parts of an iteration ------------------------------------------------------------
+    def linear_s(self, tokens: float | np.ndarray):
+        """Weight matmuls, elementwise passes and all-reduces of ``tokens`` scheduled tokens."""
+        r = self.rates
+        t = r.gemm_s(self.linear_flops_per_token * tokens, self.weight_bytes, self.gemm_kernels)
+        t = t + r.elementwise_s(
+            np.asarray(tokens) * self.elementwise_bytes_per_token, self.elementwise_kernels
+        )
+        return t + self.allreduce_iteration_s(tokens)
+
+    def allreduce_iteration_s(self, tokens: float | np.ndarray):
+        """The tensor-parallel all-reduces of one iteration: two per layer (after attention and
+        after the MLP) of every token's hidden state."""
+        if not self.allreduce_calls:
+            return np.zeros_like(np.asarray(tokens, dtype=np.float64))
+        nbytes = np.asarray(tokens, dtype=np.float64) * self.allreduce_bytes_per_token
+        return self.allreduce_calls * self.rates.allreduce_s(nbytes, self.tp)
+
     def _prefill_pairs_and_reads(self, new: int, context: int) -> tuple[float, float]:
         """(attention FLOPs, KV bytes read+written) of a chunk of `new` tokens after `context`."""
         flops = 0.0
@@ -120,24 +194,6 @@ class RooflineCostModel(ChunkedPrefill):
             kv += (read + new) * g.kv_bytes_per_token + g.state_bytes_per_seq
         return flops, kv
 
-    def iteration_time_s(
-        self, prefill: list[tuple[int, int]], decode_contexts: list[int] | np.ndarray
-    ) -> float:
-        """Seconds for one iteration: `prefill` is (new tokens, cached context before them) per
-        chunk; `decode_contexts` the context (tokens already in KV) of each decoding sequence."""
-        tokens = sum(n for n, _ in prefill) + len(decode_contexts)
-        flops = self.linear_flops_per_token * tokens
-        nbytes = self.weight_bytes
-        for new, context in prefill:
-            f, b = self._prefill_pairs_and_reads(new, context)
-            flops += f
-            nbytes += b
-        if len(decode_contexts):
-            f, b = self._decode_work(np.asarray(decode_contexts, dtype=np.float64)[None, :])
-            flops += float(f[0])
-            nbytes += float(b[0])
-        return self._time(flops, nbytes, tokens)
-
     def _decode_work(self, contexts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Attention FLOPs and KV bytes of decode steps; `contexts` is (steps, sequences)."""
         n = contexts.shape[1]
@@ -150,10 +206,32 @@ class RooflineCostModel(ChunkedPrefill):
             nbytes += attended * g.kv_bytes_per_token + n * g.state_bytes_per_seq
         return flops, nbytes
 
-    def _time(self, flops: float | np.ndarray, nbytes: float | np.ndarray, tokens: int):
-        compute = flops / self.flops_per_s
-        memory = nbytes / self.bytes_per_s
-        return np.maximum(compute, memory) + tokens * self.allreduce_s_per_token + self.overhead_s
+    def _attention_s(self, flops, nbytes):
+        """All prefill chunks and decode sequences of an iteration go into one attention
+        kernel per layer (vLLM v1's unified varlen FlashAttention call)."""
+        return self.rates.attention_s(flops, nbytes, self.attention_layers)
+
+    # -- the engine's calls -------------------------------------------------------------------
+    def iteration_time_s(
+        self, prefill: list[tuple[int, int]], decode_contexts: list[int] | np.ndarray
+    ) -> float:
+        """Seconds for one iteration: `prefill` is (new tokens, cached context before them) per
+        chunk; `decode_contexts` the context (tokens already in KV) of each decoding sequence."""
+        tokens = sum(n for n, _ in prefill) + len(decode_contexts)
+        if tokens == 0:
+            return self.overhead_s
+        flops = 0.0
+        nbytes = 0.0
+        for new, context in prefill:
+            f, b = self._prefill_pairs_and_reads(new, context)
+            flops += f
+            nbytes += b
+        if len(decode_contexts):
+            f, b = self._decode_work(np.asarray(decode_contexts, dtype=np.float64)[None, :])
+            flops += float(f[0])
+            nbytes += float(b[0])
+        t = self.linear_s(tokens) + self._attention_s(flops, nbytes)
+        return float(t) + self.overhead_s
 
     def decode_run_ends_s(self, contexts: np.ndarray, steps: int) -> np.ndarray:
         """Cumulative end times of `steps` consecutive decode iterations of an unchanged batch
@@ -168,20 +246,20 @@ class RooflineCostModel(ChunkedPrefill):
             attended = float(contexts.sum()) + n * offsets + n
             flops = attended * self.flops_per_pair
             nbytes = attended * self.kv_bytes_per_token + n * self.state_bytes_per_seq
-        flops = flops + self.linear_flops_per_token * n
-        nbytes = nbytes + self.weight_bytes
-        return np.cumsum(self._time(flops, nbytes, n))
+        fixed = float(self.linear_s(n)) + self.overhead_s
+        return np.cumsum(fixed + self._attention_s(flops, nbytes))
 
     def block_recompute_s(self, block_size: int) -> tuple[float, float]:
         """(base, per position) seconds to recompute one block as part of a prefill, so the
         block at chain position p costs base + per_position * p. Prefill is compute-bound, so
         this counts FLOPs: the block's linear layers, and its attention to everything before it
         (which grows with p: deep blocks cost more, the premise of AsymCache)."""
+        r = self.rates
         pairs_within = block_size * (block_size + 1) / 2
-        base = (self.linear_flops_per_token * block_size) / self.flops_per_s
+        base = (self.linear_flops_per_token * block_size) / r.gemm_flops_per_s
         prefill_pair = sum(g.prefill_flops_per_pair for g in self.groups)
-        base += pairs_within * prefill_pair / self.flops_per_s
-        per_position = block_size * block_size * prefill_pair / self.flops_per_s
+        base += pairs_within * prefill_pair / r.attention_flops_per_s
+        per_position = block_size * block_size * prefill_pair / r.attention_flops_per_s
         return base, per_position
 
 

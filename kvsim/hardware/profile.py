@@ -7,6 +7,7 @@ cost model never parse units; the TOML files and kvsim.hardware.validate do that
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -44,11 +45,43 @@ class GpuSpec:
 
 @dataclass(frozen=True, slots=True)
 class Efficiency:
-    """How far real kernels fall short of the peaks, so the roofline predicts achieved speed."""
+    """How far real kernels fall short of the peaks, so the roofline predicts achieved speed.
 
-    compute: float  # achieved / peak FLOP/s
+    The defaults of the optional terms give the plain roofline; kvsim.hardware.kernels says what
+    each term models and docs/validation.md what fitting them to measurements gained."""
+
+    compute: float  # achieved / peak FLOP/s of GEMMs
     memory: float  # achieved / peak HBM bandwidth
-    iteration_overhead_s: float  # scheduling and kernel launch per engine iteration
+    iteration_overhead_s: float  # CPU time per engine iteration (schedule, prepare, sample)
+    attention: float | None = None  # achieved / peak FLOP/s of prefill attention (None: compute)
+    ridge_sharpness: float = math.inf  # p of the p-norm joining compute and memory time
+    kernel_floor_s: float = 0.0  # fixed cost of each GEMM or elementwise kernel
+    attention_floor_s: float = 0.0  # fixed cost of one layer's attention kernel
+    elementwise: float | None = None  # achieved / peak bandwidth of norms etc. (None: memory)
+    elementwise_floor_s: float = 0.0  # fixed cost of each elementwise kernel
+    request_overhead_s: float = 0.0  # per request: API server, tokenise, detokenise
+
+    @property
+    def attention_or_compute(self) -> float:
+        return self.compute if self.attention is None else self.attention
+
+    @property
+    def elementwise_or_memory(self) -> float:
+        return self.memory if self.elementwise is None else self.elementwise
+
+
+@dataclass(frozen=True, slots=True)
+class AllReduceAlgorithm:
+    """One way to all-reduce across the GPUs of a node (NCCL ring, NVLS, a custom one-shot).
+
+    Time of one call: ``latency + latency_per_gpu * (tp - 1) + bytes * 2 (tp - 1) / tp /
+    bus_bandwidth`` (nccl-tests' bus bandwidth); the cheapest algorithm for the size wins."""
+
+    name: str
+    latency_s: float
+    latency_per_gpu_s: float
+    bus_bandwidth_bytes_per_s: float
+    min_gpus: int = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +136,15 @@ class HardwareProfile:
     sources: dict[str, str]  # field path ("tiers.dram.read_bandwidth") -> where the number is from
     source_path: Path | None
     measured: dict[str, Any] = field(default_factory=dict)  # calibration tables, kept as read
+    allreduce: tuple[AllReduceAlgorithm, ...] = ()  # none given: a ring at the NVLink bandwidth
+
+    @property
+    def allreduce_algorithms(self) -> tuple[AllReduceAlgorithm, ...]:
+        """The profile's all-reduce algorithms, or a latency-free ring over the interconnect."""
+        if self.allreduce:
+            return self.allreduce
+        bw = self.gpu.interconnect_bandwidth_bytes_per_s
+        return (AllReduceAlgorithm("ring", 0.0, 0.0, bw),)
 
     def tier(self, name: str) -> TierSpec:
         """The tier called ``name``, enabled or not."""

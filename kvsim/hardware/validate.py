@@ -24,6 +24,7 @@ from kvsim.hardware.profile import (
     BANDWIDTH_SHARINGS,
     BLOCK_LAYOUTS,
     TIER_NAMES,
+    AllReduceAlgorithm,
     Efficiency,
     GpuSpec,
     HardwareProfile,
@@ -43,6 +44,7 @@ _TOP_FIELDS = {
     "tiers",
     "sources",
     "measured",
+    "allreduce",
 }
 _GPU_FIELDS = {
     "name",
@@ -53,6 +55,15 @@ _GPU_FIELDS = {
     "host_link_bandwidth",
 }
 _EFFICIENCY_FIELDS = {"compute", "memory", "iteration_overhead_s"}
+#: Optional [efficiency] terms (kvsim.hardware.kernels): fractions, exponents, seconds.
+_EFFICIENCY_FRACTIONS = ("attention", "elementwise")
+_EFFICIENCY_SECONDS = (
+    "kernel_floor_s",
+    "attention_floor_s",
+    "elementwise_floor_s",
+    "request_overhead_s",
+)
+_ALLREDUCE_FIELDS = {"name", "latency", "latency_per_gpu", "bus_bandwidth", "min_gpus"}
 _TIER_FIELDS = {
     "name",
     "capacity",
@@ -240,14 +251,53 @@ def _gpu(r: _Reader, data: dict[str, Any]) -> GpuSpec:
 
 def _efficiency(r: _Reader, data: dict[str, Any]) -> Efficiency:
     eff = r.table(data, "efficiency", "efficiency")
-    r.no_unknown(eff, _EFFICIENCY_FIELDS, "efficiency.")
+    fields = {*_EFFICIENCY_FIELDS, *_EFFICIENCY_FRACTIONS, *_EFFICIENCY_SECONDS, "ridge_sharpness"}
+    r.no_unknown(eff, fields, "efficiency.")
+    optional: dict[str, float] = {}
+    for key in _EFFICIENCY_FRACTIONS:
+        if key in eff:
+            optional[key] = r.fraction(eff, key, f"efficiency.{key}")
+    for key in _EFFICIENCY_SECONDS:
+        if key in eff:
+            optional[key] = r.number(eff, key, f"efficiency.{key}")
+    if "ridge_sharpness" in eff:
+        # p of a p-norm: 1 adds the two limits, larger is sharper; below 1 is not a norm
+        optional["ridge_sharpness"] = r.number(
+            eff, "ridge_sharpness", "efficiency.ridge_sharpness", low=1.0
+        )
     return Efficiency(
         compute=r.fraction(eff, "compute", "efficiency.compute"),
         memory=r.fraction(eff, "memory", "efficiency.memory"),
         iteration_overhead_s=r.number(
             eff, "iteration_overhead_s", "efficiency.iteration_overhead_s"
         ),
+        **optional,
     )
+
+
+def _allreduce(r: _Reader, data: dict[str, Any]) -> tuple[AllReduceAlgorithm, ...]:
+    raw = data.get("allreduce", [])
+    if not isinstance(raw, list):
+        r.fail("allreduce", "expected [[allreduce]] tables, one per algorithm")
+    algorithms: list[AllReduceAlgorithm] = []
+    for index, item in enumerate(raw):
+        if not isinstance(item, dict):
+            r.fail(f"allreduce[{index}]", f"expected an [[allreduce]] table, got {_shown(item)}")
+        name = r.text(item, "name", f"allreduce[{index}].name")
+        p = f"allreduce.{name}."
+        if any(a.name == name for a in algorithms):
+            r.fail(p.rstrip("."), "duplicate algorithm; each name appears once")
+        r.no_unknown(item, _ALLREDUCE_FIELDS, p)
+        algorithms.append(
+            AllReduceAlgorithm(
+                name=name,
+                latency_s=r.duration(item, "latency", p + "latency"),
+                latency_per_gpu_s=r.duration(item, "latency_per_gpu", p + "latency_per_gpu"),
+                bus_bandwidth_bytes_per_s=r.rate(item, "bus_bandwidth", p + "bus_bandwidth"),
+                min_gpus=r.count(item, "min_gpus", p + "min_gpus") if "min_gpus" in item else 2,
+            )
+        )
+    return tuple(algorithms)
 
 
 def _tier(r: _Reader, index: int, raw: Any) -> TierSpec:
@@ -387,6 +437,7 @@ def validate_profile(path: str | Path) -> HardwareProfile:
     utilization = r.fraction(data, "gpu_memory_utilization", "gpu_memory_utilization")
     gpu = _gpu(r, data)
     efficiency = _efficiency(r, data)
+    allreduce = _allreduce(r, data)
     tiers = _tiers(r, data, gpu, gpus)
     sources = _sources(r, data)
     measured = data.get("measured", {})
@@ -406,4 +457,5 @@ def validate_profile(path: str | Path) -> HardwareProfile:
         sources=sources,
         source_path=path,
         measured=measured,
+        allreduce=allreduce,
     )

@@ -1,0 +1,132 @@
+"""What one kernel of a forward pass costs: the terms the roofline alone leaves out.
+
+A roofline says a kernel takes ``max(flops / peak, bytes / bandwidth)``. Real kernels, measured
+(Vidur's profiling data for A100 and H100; see docs/validation.md), differ in four ways that this
+module prices, each with a parameter in the profile's ``[efficiency]`` or ``[[allreduce]]``:
+
+- **A fixed cost per kernel** (``kernel_floor_s``, ``attention_floor_s``): launch, prologue and the
+  last partial wave. A decode attention layer never takes less than ~10-15 us on an A100 however
+  little KV it reads; a TP-8 GEMM of 1,280 columns takes twice its roofline.
+- **A soft ridge** (``ridge_sharpness``): near the memory/compute ridge (~128-512 tokens for a
+  GEMM) a kernel reaches neither peak. The two limits combine as a p-norm,
+  ``(compute^p + memory^p)^(1/p)``: ``p = inf`` is the sharp roofline, ``p = 2`` puts the ridge
+  at 1.41x either limit.
+- **Attention's own efficiency** (``attention``): FlashAttention prefill on A100 reaches 15-40 %
+  of the tensor-core peak in the measurements, GEMMs 70-80 %.
+- **Collectives** (``[[allreduce]]``): each all-reduce costs a latency plus its bytes over the
+  algorithm's bus bandwidth, the cheapest algorithm winning, as NCCL's tuner picks one.
+
+Everything here is a pure function of sizes, vectorised over numpy arrays so that a coalesced run
+of decode steps is priced in one call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.hardware.profile import AllReduceAlgorithm, HardwareProfile
+
+#: Elementwise kernels in one decoder layer as vLLM runs a Llama-style model: two fused
+#: residual-add + RMSNorm, rotary embedding, SiLU-and-mul, and the KV-cache write
+#: (vLLM ``LlamaDecoderLayer``; Vidur's profiles time the same five: two norms, rope, act, add).
+ELEMENTWISE_KERNELS_PER_LAYER = 5
+
+
+def elementwise_bytes_per_token(
+    hidden: int, q_width: int, kv_width: int, intermediate: int, gated: bool, dtype_bytes: float
+) -> float:
+    """Bytes one token moves per layer outside GEMMs and attention: two RMSNorms (read + write
+    the hidden state), two residual adds (read two, write one), RoPE on the query and key heads
+    (read + write), the activation (gated: read two, write one; else read one, write one) and the
+    KV-cache write. ``q_width`` / ``kv_width`` are the query / one of K,V widths per rank."""
+    elements = 4 * hidden + 6 * hidden + 2 * (q_width + kv_width)
+    elements += (3 if gated else 2) * intermediate + 2 * kv_width
+    return elements * dtype_bytes
+
+
+def blend(compute_s: np.ndarray | float, memory_s: np.ndarray | float, p: float):
+    """The soft roofline: the p-norm of the compute and memory times (p = inf is their max)."""
+    if math.isinf(p):
+        return np.maximum(compute_s, memory_s)
+    c = np.asarray(compute_s, dtype=np.float64)
+    m = np.asarray(memory_s, dtype=np.float64)
+    top = np.maximum(np.maximum(c, m), 1e-300)
+    return top * ((c / top) ** p + (m / top) ** p) ** (1.0 / p)
+
+
+def allreduce_s(
+    algorithms: tuple[AllReduceAlgorithm, ...], nbytes: np.ndarray | float, tp: int
+) -> np.ndarray | float:
+    """Seconds of one all-reduce of ``nbytes`` over ``tp`` GPUs: the fastest algorithm's
+    ``latency + latency_per_gpu * (tp - 1) + nbytes * 2 (tp - 1) / tp / bus_bandwidth``.
+
+    Bus bandwidth is nccl-tests' convention (algorithm bandwidth x 2 (n-1) / n), so a ring's
+    figure and NVLS's compare directly."""
+    if tp <= 1:
+        return np.zeros_like(np.asarray(nbytes, dtype=np.float64)) if np.ndim(nbytes) else 0.0
+    moved = np.asarray(nbytes, dtype=np.float64) * 2.0 * (tp - 1) / tp
+    best = None
+    for a in algorithms:
+        if tp < a.min_gpus:
+            continue
+        t = a.latency_s + a.latency_per_gpu_s * (tp - 1) + moved / a.bus_bandwidth_bytes_per_s
+        best = t if best is None else np.minimum(best, t)
+    if best is None:  # no algorithm applies at this size of group: the slowest is a ring anyway
+        a = algorithms[0]
+        best = a.latency_s + a.latency_per_gpu_s * (tp - 1) + moved / a.bus_bandwidth_bytes_per_s
+    return best if np.ndim(best) else float(best)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRates:
+    """Achieved rates and fixed costs of one GPU for one compute dtype, from a profile."""
+
+    gemm_flops_per_s: float
+    attention_flops_per_s: float
+    bytes_per_s: float
+    elementwise_bytes_per_s: float
+    ridge: float
+    kernel_floor_s: float
+    attention_floor_s: float
+    elementwise_floor_s: float
+    allreduce: tuple[AllReduceAlgorithm, ...]
+
+    @classmethod
+    def of(cls, profile: HardwareProfile, compute_dtype: str = "bf16") -> KernelRates:
+        gpu, eff = profile.gpu, profile.efficiency
+        peak = gpu.peak_flops_per_s.get(compute_dtype) or gpu.peak_flops_per_s["bf16"]
+        return cls(
+            gemm_flops_per_s=peak * eff.compute,
+            attention_flops_per_s=peak * eff.attention_or_compute,
+            bytes_per_s=gpu.hbm_bandwidth_bytes_per_s * eff.memory,
+            elementwise_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s * eff.elementwise_or_memory,
+            ridge=eff.ridge_sharpness,
+            kernel_floor_s=eff.kernel_floor_s,
+            attention_floor_s=eff.attention_floor_s,
+            elementwise_floor_s=eff.elementwise_floor_s,
+            allreduce=profile.allreduce_algorithms,
+        )
+
+    def gemm_s(self, flops, nbytes, kernels: float = 1.0):
+        """``kernels`` GEMMs doing ``flops`` and moving ``nbytes`` between them."""
+        memory = np.asarray(nbytes, dtype=np.float64) / self.bytes_per_s
+        compute = np.asarray(flops, dtype=np.float64) / self.gemm_flops_per_s
+        return kernels * self.kernel_floor_s + blend(compute, memory, self.ridge)
+
+    def attention_s(self, flops, nbytes, layers: float = 1.0):
+        """Attention over ``layers`` layers doing ``flops`` and reading/writing ``nbytes``."""
+        memory = np.asarray(nbytes, dtype=np.float64) / self.bytes_per_s
+        compute = np.asarray(flops, dtype=np.float64) / self.attention_flops_per_s
+        return layers * self.attention_floor_s + blend(compute, memory, self.ridge)
+
+    def elementwise_s(self, nbytes, kernels: float):
+        """Memory-bound passes (norms, RoPE, activation, residual adds) of ``kernels`` kernels."""
+        moved = np.asarray(nbytes, dtype=np.float64) / self.elementwise_bytes_per_s
+        return kernels * self.elementwise_floor_s + moved
+
+    def allreduce_s(self, nbytes, tp: int):
+        """One all-reduce of ``nbytes`` over ``tp`` GPUs."""
+        return allreduce_s(self.allreduce, nbytes, tp)
