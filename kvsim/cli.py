@@ -238,6 +238,12 @@ def _default_out() -> Path:
 )
 @click.option("--write-policy", type=click.Choice(["write-back", "write-through"]))
 @click.option("--hierarchy", type=click.Choice(["inclusive", "exclusive"]))
+@click.option(
+    "--load-overlap",
+    type=click.Choice(["none", "layerwise", "bidirectional"]),
+    help="How a load from a lower tier overlaps compute: none (load, then prefill), layerwise "
+    "(CachedAttention) or bidirectional (Cake). [default: none]",
+)
 @click.option("--admission", help="Lower-tier admission: all, second-chance, or nvme=... pairs.")
 @click.option("--prefetch/--no-prefetch", default=None, help="Prefetch during think time.")
 @click.option(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from kvsim.errors import ConfigError
+from kvsim.kvcache.overlap import LOAD_OVERLAPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,15 @@ class EngineConfig:
         default=0.5,
         metadata={"help": "start a prefetch this long before the next turn is due (assumption)"},
     )
+    load_overlap: str = field(
+        default="none",
+        metadata={
+            "help": "how a load from a lower tier overlaps compute: none (load, then prefill, as "
+            "vLLM's offloading connector), layerwise (CachedAttention: layer l computes once its "
+            "KV is in) or bidirectional (Cake: compute the cached prefix from the front while "
+            "loading it from the back)"
+        },
+    )
     rope_reuse: bool = field(
         default=False,
         metadata={
@@ -126,6 +136,7 @@ class EngineConfig:
         choices = {
             "write_policy": ("write-back", "write-through"),
             "hierarchy": ("inclusive", "exclusive"),
+            "load_overlap": LOAD_OVERLAPS,
         }
         for name, valid in choices.items():
             value = getattr(self, name)

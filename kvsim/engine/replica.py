@@ -6,6 +6,13 @@ the token budget, `max_num_seqs` and free blocks allow. When a running request n
 none is free, the most recently admitted request is preempted by recompute (vLLM's default): its
 blocks are released (cached ones stay cached) and it goes back to the head of the queue.
 
+A load from lower tiers may overlap compute (`load_overlap`, kvsim.kvcache.overlap): the request
+then runs while its load is in flight, behind a `LoadGate`. layerwise: an iteration holding it
+ends no sooner than its first layer's KV plus the iteration, nor than the last byte plus one
+layer of the iteration, so iteration and load end together at max(A/L + C, A + C/L). bidirectional:
+it computes the front of its cached prefix (up to the gate's `stop`) while the back loads, and
+jumps to the end of the loaded blocks once both are done.
+
 The iteration time comes from the cost model. When every running request is decoding and no
 waiting request can be admitted, the batch cannot change until a request finishes, an arrival
 comes, or blocks run out; those iterations are run as one event (decode coalescing), and an arrival
@@ -24,9 +31,24 @@ from kvsim.engine.config import EngineConfig
 from kvsim.engine.request import Request
 from kvsim.hardware.measured import CostModel
 from kvsim.kvcache.block_table import BlockTable
-from kvsim.kvcache.manager import KVCacheManager
+from kvsim.kvcache.manager import COMPUTE, KVCacheManager
 
 MAX_COALESCED_STEPS = 4096
+
+
+class LoadGate:
+    """A load from lower tiers that a running request's compute overlaps (--load-overlap)."""
+
+    __slots__ = ("cancelled", "done", "done_s", "end", "event", "first_s", "stop")
+
+    def __init__(self, event: simpy.Event, end: int, stop: int, first_s: float) -> None:
+        self.event = event  # fires when the last loaded block is in HBM
+        self.end = end  # the block after the loaded ones
+        self.stop = stop  # bidirectional: compute may not pass this token before the join; -1
+        self.first_s = first_s  # layerwise: when the first layer's KV is in (an estimate)
+        self.done = False
+        self.done_s = 0.0
+        self.cancelled = False  # the request was preempted: its load no longer concerns it
 
 
 class Replica:
@@ -66,6 +88,8 @@ class Replica:
         self.running: list[Request] = []
         self.loading: list[Request] = []  # admitted, waiting for blocks from lower tiers
         self.run_reserved_blocks = 0  # blocks a coalesced decode run counted on: not for prefetch
+        self.overlap = kv.load_overlap  # none, layerwise or bidirectional
+        self.gated = 0  # running requests whose load is still in flight
         self.iterations = 0
         self.coalesced_steps = 0
         self.busy_s = 0.0
@@ -140,7 +164,10 @@ class Replica:
                     prefill.append((n, req.computed))
             duration = self.cost.iteration_time_s(prefill, decode)
             duration += rotated * kv.rerotate_s_per_token
-            yield env.timeout(duration)
+            if self.gated:
+                yield from self._gated_iteration(batch, duration)
+            else:
+                yield env.timeout(duration)
             self.busy_s += duration
             self.iterations += 1
             self._complete(batch)
@@ -160,6 +187,12 @@ class Replica:
         while i < len(running) and budget > 0:
             req = running[i]
             n = min(req.known - req.computed, budget)
+            gate = req.gate
+            if gate is not None and gate.stop >= 0:  # bidirectional: only the front, for now
+                n = min(gate.stop - req.computed, budget)
+                if n <= 0:
+                    i += 1
+                    continue
             need = self._blocks_for(req.computed + n) - req.table.held_blocks
             while not kv.allocate_slots(req, need):
                 victim = running.pop()
@@ -193,6 +226,10 @@ class Replica:
             hit, evictable, load, n, need = plan
             if need + evictable > pool.available:
                 break
+            first_layer_s = -1.0
+            if load and self.overlap == "layerwise":  # estimated on the links before it starts
+                assert kv.hierarchy is not None
+                first_layer_s = now + float(kv.hierarchy.load_estimate_s(load)[-1]) / kv.layers
             waiting.popleft()
             first = req.cached_tokens < 0
             if first:
@@ -205,6 +242,14 @@ class Replica:
                 req.load_started_s = now
                 self.loading.append(req)
                 self.pull(req, hit).callbacks.append(lambda _ev, req=req: self._pulled(req))
+                continue
+            if done is not None and self.overlap != "none":
+                req.load_started_s = now
+                n = self._start_gated(req, plan, done, first_layer_s, budget)
+                running.append(req)
+                if n:
+                    batch.append((req, n))
+                    budget -= n
                 continue
             if done is not None:
                 req.load_started_s = now
@@ -226,6 +271,68 @@ class Replica:
         self.running.append(req)
         self._notify()
 
+    # -- loads that compute overlaps (kvsim.kvcache.overlap) ----------------------------------
+    def _start_gated(
+        self, req: Request, plan: tuple, event: simpy.Event, first_s: float, budget: int
+    ) -> int:
+        """Run `req` while its load is in flight; the tokens it computes in this iteration."""
+        hit, _, load, _, _ = plan
+        end = hit + len(load)
+        bs = self.block_size
+        if self.overlap == "layerwise":  # compute the rest of the prompt, layer by layer behind
+            stop = -1
+            before = req.computed
+            req.computed = end * bs
+            self.outstanding_tokens -= req.computed - before
+            n = min(req.known - req.computed, budget)
+            need = self._blocks_for(req.computed + n) - req.table.held_blocks
+            if not self.kv.allocate_slots(req, need):
+                n = 0
+        else:  # bidirectional: compute the front of the cached prefix while the back loads
+            stop = (hit + load.count(COMPUTE)) * bs
+            n = min(stop - req.computed, budget)
+        gate = req.gate = LoadGate(event, end, stop, first_s)
+        self.gated += 1
+        event.callbacks.append(lambda _ev: self._gate_loaded(req, gate))
+        return n
+
+    def _gated_iteration(self, batch: list[tuple[Request, int]], duration: float):
+        """Run one iteration whose batch may hold layer-wise loading requests: it ends no sooner
+        than each one's first layer plus `duration`, nor than its last byte plus one layer."""
+        env = self.env
+        gates = [r.gate for r, _ in batch if r.gate is not None and r.gate.stop < 0]
+        start = env.now
+        end = start + duration
+        for gate in gates:
+            end = max(end, gate.first_s + duration)
+        yield env.timeout(end - start)
+        pending = [g.event for g in gates if not g.done]
+        if pending:
+            yield simpy.AllOf(env, pending)
+        if gates:
+            tail = max(g.done_s for g in gates) + duration / self.kv.layers
+            if tail > env.now:
+                yield env.timeout(tail - env.now)
+
+    def _gate_loaded(self, req: Request, gate: LoadGate) -> None:
+        if gate.cancelled:
+            return
+        now = self.env.now
+        gate.done = True
+        gate.done_s = now
+        req.load_wait_s += now - req.load_started_s
+        if gate.stop < 0 or req.computed >= gate.stop:
+            self._join(req, gate)
+        self._notify()
+
+    def _join(self, req: Request, gate: LoadGate) -> None:
+        """The loaded blocks are in and the front, if any, is computed: count them computed."""
+        before = req.computed
+        self.kv.loaded(req, gate.end, self.env.now)
+        self.outstanding_tokens -= req.computed - before
+        req.gate = None
+        self.gated -= 1
+
     def _pulled(self, req: Request) -> None:
         """The prompt's KV is here: decode it (a later preemption recomputes it locally)."""
         now = self.env.now
@@ -243,6 +350,11 @@ class Replica:
         self.kv.prefetch(req, self.run_reserved_blocks, self._notify)
 
     def _preempt(self, req: Request) -> None:
+        gate = req.gate
+        if gate is not None:  # its load lands in blocks it no longer holds
+            gate.cancelled = True
+            req.gate = None
+            self.gated -= 1
         self.kv.free(req, self.env.now)
         self.outstanding_tokens += req.computed
         req.preemptions += 1
@@ -261,6 +373,9 @@ class Replica:
             self.outstanding_tokens -= n
             if req.computed // bs > req.table.processed_blocks:  # a block filled up
                 kv.commit(req, now)
+            gate = req.gate
+            if gate is not None and gate.done and req.computed >= gate.stop >= 0:
+                self._join(req, gate)  # bidirectional: front computed, back loaded
             if req.computed == req.known:
                 if req.handoff is not None:  # a prefill replica's work is done: hand it on
                     handed.append(req)
@@ -301,7 +416,7 @@ class Replica:
     # -- decode coalescing -------------------------------------------------------------------------
     def _decode_only(self) -> bool:
         running = self.running
-        if not running or len(running) > self.config.max_num_batched_tokens:
+        if self.gated or not running or len(running) > self.config.max_num_batched_tokens:
             return False
         for req in running:
             if req.known - req.computed != 1:

@@ -23,6 +23,7 @@ class Request:
         "computed",
         "finish_s",
         "first_token_s",
+        "gate",
         "generated",
         "handoff",
         "index",
@@ -66,6 +67,7 @@ class Request:
         self.handoff: str | None = None
         self.transfer_bytes = 0
         self.table = BlockTable()
+        self.gate = None  # a load from below its compute overlaps (engine.replica.LoadGate)
 
     # read-only views of the block table (tests and reports read them)
     @property

@@ -282,6 +282,8 @@ def simulate(
             rerotate_s_per_token=rerotate_s,
             kind_names=SEGMENT_KINDS,
             future=future,
+            load_overlap=config.load_overlap,
+            layers=model.num_layers,
         )
         replicas.append(Replica(env, config, kv, cost, on_finish, index, role, node))
 

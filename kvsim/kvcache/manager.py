@@ -19,11 +19,14 @@ from kvsim.hardware.measured import CostModel
 from kvsim.kvcache.block_pool import BlockPool
 from kvsim.kvcache.block_table import BlockTable
 from kvsim.kvcache.hierarchy import Hierarchy
+from kvsim.kvcache.overlap import bidirectional_split, layerwise_s
 from kvsim.policies.base import FutureFn
 
 # (HBM hit blocks, how many of those are evictable, the tier of each block to load from below,
-# tokens to compute now, new blocks needed)
+# tokens to compute now, new blocks needed). Under bidirectional load overlap the tier list may
+# start with COMPUTE entries: cached blocks computed from the front while the rest load.
 AdmitPlan = tuple[int, int, list[int], int, int]
+COMPUTE = -1
 
 
 class KVCacheManager:
@@ -43,6 +46,8 @@ class KVCacheManager:
         rerotate_s_per_token: float,
         kind_names: tuple[str, ...] = (),
         future: FutureFn | None = None,
+        load_overlap: str = "none",
+        layers: int = 1,
     ) -> None:
         self.pool = pool
         self.hierarchy: Hierarchy | None = hierarchy if hierarchy else None
@@ -55,6 +60,8 @@ class KVCacheManager:
         self.rerotate_s_per_token = rerotate_s_per_token
         self.block_ops = 0
         self.prefetched_blocks = 0
+        self.load_overlap = load_overlap  # kvsim.kvcache.overlap: none, layerwise, bidirectional
+        self.layers = layers  # the model's layers, the stages of a layer-wise load
         # position-independent reuse: segment hash -> block hashes holding its KV somewhere
         self.segment_blocks: dict[int, list[int]] = {}
         if hierarchy:
@@ -109,15 +116,21 @@ class KVCacheManager:
         n = min(req.known - start, budget)
         return hit, evictable, [], n, self._blocks_for(start + n) - hit
 
-    def _worth_loading(self, req: Request, hit: int, found: list[int]) -> list[int]:
+    def _worth_loading(
+        self, req: Request, hit: int, found: list[int], overlap: str | None = None
+    ) -> list[int]:
         """The prefix of `found` (tiers of blocks hit, hit+1, ...) worth loading: the one that
         minimises load time + the prefill left, against prefilling everything from `hit`.
         Both come from the cost model, so a memory-bound iteration's floor (weights are read
         whatever the chunk) is counted and deep blocks, whose recompute attends to more
         context, weigh more. Loads are costed on the links as loaded now. Empty when
-        recomputing is never slower."""
+        recomputing is never slower. With load overlap (`overlap`, else the manager's) the
+        two are combined by kvsim.kvcache.overlap instead of added."""
         if not found:
             return found
+        overlap = overlap or self.load_overlap
+        if overlap != "none":
+            return self._overlapped_plan(req, hit, found, overlap)
         bs = self.block_size
         chunk = self.chunk_tokens
         prefill = self.cost.prefill_time_s
@@ -130,6 +143,42 @@ class KVCacheManager:
             if total < best_s:
                 best, best_s = count, total
         return found[:best]
+
+    def _overlapped_plan(self, req: Request, hit: int, found: list[int], overlap: str) -> list[int]:
+        """`_worth_loading` when the load overlaps compute (kvsim.kvcache.overlap). layerwise:
+        the prefix of `found` to load whose layer-pipelined finish, max(A/L + C, A + C/L), is
+        least. bidirectional: load all of `found` from the back while computing its front,
+        split where the two cross (the front as COMPUTE entries), then the rest of the prompt.
+        Empty when recomputing everything is no slower."""
+        assert self.cost is not None and self.hierarchy is not None
+        bs = self.block_size
+        chunk = self.chunk_tokens
+        prefill = self.cost.prefill_time_s
+        best, best_s = 0, prefill(req.known - hit * bs, hit * bs, chunk)
+        n = len(found)
+        if overlap == "layerwise":
+            load_s = self.hierarchy.load_estimate_s(found)
+            for count in sorted({n, *range(max(n // 8, 1), n, max(n // 8, 1))}):
+                done = (hit + count) * bs
+                rest = prefill(req.known - done, done, chunk)
+                total = layerwise_s(float(load_s[count - 1]), rest, self.layers)
+                if total < best_s:
+                    best, best_s = count, total
+            return found[:best]
+        back_s = self.hierarchy.load_estimate_s(found[::-1])  # the last k blocks, k = 1, 2 ...
+
+        def front(s: int) -> float:
+            return prefill(s * bs, hit * bs, chunk) if s else 0.0
+
+        def back(k: int) -> float:
+            return float(back_s[k - 1]) if k else 0.0
+
+        split, ready = bidirectional_split(n, front, back)
+        end = (hit + n) * bs
+        total = ready + prefill(req.known - end, end, chunk)
+        if split == n or total >= best_s:
+            return []
+        return [COMPUTE] * split + found[split:]
 
     # -- admission (vLLM's allocate_slots for a new request) --------------------------------
     def admit(self, req: Request, plan: AdmitPlan, now_s: float, first: bool) -> simpy.Event | None:
@@ -160,6 +209,9 @@ class KVCacheManager:
         hashes = req.table.hashes
         assert hashes is not None and hierarchy is not None
         end = hit + len(tiers)
+        if tiers[0] == COMPUTE:  # bidirectional: the front is computed, only the back loads
+            front = tiers.count(COMPUTE)
+            hit, tiers = hit + front, tiers[front:]
         bs = self.block_size
         tokens = [bs if first else 0] * len(tiers)
         if first:
@@ -267,7 +319,9 @@ class KVCacheManager:
         assert hashes is not None
         hit, _ = self.prefix_hit(req)
         limit = min((req.known - 1) // self.block_size, len(hashes))
-        tiers = self._worth_loading(req, hit, self.hierarchy.chain(hashes, hit, limit))
+        # a prefetch is off the critical path: nothing to overlap it with
+        found = self.hierarchy.chain(hashes, hit, limit)
+        tiers = self._worth_loading(req, hit, found, overlap="none")
         tiers = tiers[: max(self.pool.available - reserved_blocks, 0)]
         if not tiers:
             return
