@@ -15,6 +15,14 @@ kvsim.calibrate.kernel_fit:
 - attention (A100 only, one model shape; fit on alternate points): prefill efficiency and the
   per-layer floor, at the GEMMs' memory efficiency and ridge.
 
+Then whole iterations: for each profiled model kvsim's catalog has (matched by its HF name),
+kvsim's cost model (``RooflineCostModel`` with the shipped profile) against the same iteration
+built from the measured kernels: per layer the GEMMs, the elementwise kernels and (A100, the one
+attention profile) attention, times the layers, plus two measured all-reduces per layer. Vidur
+has no LM head; it is priced by kvsim on both sides. Decode iterations take the batch sizes and
+contexts of the attention profile; the linear part (no attention) is compared for every model,
+TP and token count.
+
 It prints the fitted values (what hardware_profiles/*.toml carry, with this script as their
 source), and the error of the fitted terms and of the plain roofline (the profile's
 ``efficiency.compute`` / ``memory`` with no floor, sharp ridge, latency-free ring) on each half.
@@ -50,8 +58,11 @@ from kvsim.calibrate.vidur import (
     read_mlp,
 )
 from kvsim.hardware import load_profile
+from kvsim.hardware.costmodel import RooflineCostModel
 from kvsim.hardware.kernels import ELEMENTWISE_KERNELS_PER_LAYER, elementwise_bytes_per_token
 from kvsim.hardware.profile import AllReduceAlgorithm
+from kvsim.models import load_model, tp_degrees
+from kvsim.models.catalog import model_names
 from kvsim.models.sizing import kv_heads_per_rank
 
 HERE = Path(__file__).resolve().parent
@@ -135,8 +146,100 @@ def attention_points(path: Path) -> tuple[KernelPoints, np.ndarray]:
     return KernelPoints(flops, nbytes, np.ones_like(flops), a.seconds), a.is_prefill
 
 
-def _table(name: str, fitted, plain) -> dict:
-    return {"family": name, "fitted": fitted, "roofline": plain}
+def _loglog(x: np.ndarray, y: np.ndarray):
+    """Interpolate y(x) linearly in log-log (measured curves are power laws piecewise)."""
+    order = np.argsort(x)
+    lx, ly = np.log(x[order]), np.log(y[order])
+    return lambda q: np.exp(np.interp(np.log(np.asarray(q, dtype=np.float64)), lx, ly))
+
+
+def catalog_by_hf() -> dict[str, str]:
+    return {load_model(n).hf_config: n for n in model_names()}
+
+
+def iteration_rows(root: Path, gpu: str) -> list[dict]:
+    """kvsim's iteration time against one composed from Vidur's measured kernels."""
+    profile = load_profile(PROFILES[gpu])
+    by_hf = catalog_by_hf()
+    ar_file = root / "network" / f"{gpu}_dgx" / "all_reduce.csv"
+    ar = read_allreduce(ar_file) if ar_file.is_file() else None
+    attn_files = sorted((root / "compute" / gpu).glob("*/attention.csv"))
+    attn = read_attention(attn_files[0]) if attn_files else None
+    rows: list[dict] = []
+    for f in sorted((root / "compute" / gpu).glob("*/*/mlp.csv")):
+        hf = f"{f.parent.parent.name}/{f.parent.name}"
+        m = read_mlp(f)
+        if hf not in by_hf or not m.has_elementwise:
+            continue
+        model = load_model(by_hf[hf])
+        for tp in sorted({int(t) for t in m.tp}):
+            if tp not in tp_degrees(model):
+                continue
+            if tp > 1 and (ar is None or tp not in set(ar.gpus.tolist())):
+                continue
+            rows += _model_rows(model, m, tp, profile, ar, attn)
+    return rows
+
+
+def _model_rows(model, m: MlpProfile, tp: int, profile, ar, attn) -> list[dict]:
+    sel = m.tp == tp
+    tokens = m.tokens[sel].astype(np.float64)
+    per_layer = sum(m.seconds[op][sel] for op in (*GEMM_OPS.values(), *ELEMENTWISE_OPS))
+    layer_s = _loglog(tokens, per_layer)
+    cost = RooflineCostModel(model, profile, tp=tp, weight_dtype="bf16")
+    lm_bytes = model.hidden_size * model.vocab_size * 2.0 / tp
+    layers = model.num_layers
+    if tp > 1:
+        s = ar.gpus == tp
+        ar_curve = _loglog(ar.nbytes[s], ar.seconds[s])
+
+    def measured_linear(t: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+        total = layers * layer_s(t) + cost.rates.gemm_s(seqs * cost.lm_head_flops_per_seq, lm_bytes)
+        if tp > 1:
+            total = total + 2 * layers * ar_curve(t * model.hidden_size * 2.0)
+        return total
+
+    def row(kind: str, shape: str, kvsim_s: float, measured_s: float) -> dict:
+        return {
+            "kind": kind,
+            "model": model.name,
+            "tp": tp,
+            "shape": shape,
+            "kvsim_s": kvsim_s,
+            "measured_s": measured_s,
+        }
+
+    meas = measured_linear(tokens, tokens)
+    rows = [
+        row("linear part", f"{int(t)} tokens", float(cost.linear_s(t, t)), float(v))
+        for t, v in zip(tokens, meas, strict=True)
+    ]
+    if attn is None or (attn.hidden, attn.heads, attn.kv_heads) != (m.hidden, m.heads, m.kv_heads):
+        return rows
+    for i in np.flatnonzero(attn.tp == tp):
+        attention = layers * float(attn.seconds[i])
+        if attn.is_prefill[i]:
+            new, ctx = int(attn.chunk[i]), int(attn.context[i])
+            meas_s = float(measured_linear(np.array([new]), np.array([1.0]))[0]) + attention
+            kv_s = cost.iteration_time_s([(new, ctx)], []) - cost.overhead_s
+            rows.append(row("prefill iteration", f"{new} new + {ctx} cached", kv_s, meas_s))
+        else:
+            b, ctx = int(attn.batch[i]), int(attn.context[i])
+            meas_s = float(measured_linear(np.array([b]), np.array([float(b)]))[0]) + attention
+            kv_s = cost.iteration_time_s([], [ctx] * b) - cost.overhead_s
+            rows.append(row("decode iteration", f"batch {b} x context {ctx}", kv_s, meas_s))
+    return rows
+
+
+def iteration_summary(rows: list[dict]) -> list[dict]:
+    out = []
+    keys = sorted({(r["kind"], r["model"], r["tp"]) for r in rows})
+    for kind, model, tp in keys:
+        sel = [r for r in rows if (r["kind"], r["model"], r["tp"]) == (kind, model, tp)]
+        k = np.array([r["kvsim_s"] for r in sel])
+        m = np.array([r["measured_s"] for r in sel])
+        out.append({"kind": kind, "model": model, "tp": tp, **error_summary(k, m)})
+    return out
 
 
 def validate_gpu(root: Path, gpu: str) -> dict:
@@ -233,6 +336,19 @@ def validate_gpu(root: Path, gpu: str) -> dict:
     return out
 
 
+def iteration_markdown(summary: list[dict]) -> str:
+    lines = [
+        "| iteration | model | TP | points | median abs err | p90 | worst | median bias |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in summary:
+        lines.append(
+            f"| {r['kind']} | {r['model']} | {r['tp']} | {r['points']} | {r['median_abs']:.1%} | "
+            f"{r['p90_abs']:.0%} | {r['worst_abs']:.0%} | {r['bias']:+.1%} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(results: list[dict]) -> str:
     lines = []
     for r in results:
@@ -270,6 +386,10 @@ def main() -> None:
         fits = {k: v for k, v in r.items() if k.endswith("_fit")}
         print(f"# {r['gpu']}: fitted", json.dumps(fits))
     print(markdown(results) if args.markdown else "")
+    for gpu in ("a100", "h100"):
+        summary = iteration_summary(iteration_rows(args.vidur, gpu))
+        print(f"\n**{gpu.upper()} iterations** (profile `{PROFILES[gpu]}`)\n")
+        print(iteration_markdown(summary))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from kvsim.hardware.kernels import (
 )
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec, attention_costs, linear_flops_per_token, weight_bytes
+from kvsim.models.dtypes import weight_dtype_bytes
 from kvsim.models.sizing import kv_heads_per_rank
 
 
@@ -137,8 +138,17 @@ class RooflineCostModel(ChunkedPrefill):
         self.request_overhead_s = eff.request_overhead_s
         self.tp = tp
         self.layers = model.num_layers
-        self.weight_bytes = float(weight_bytes(model, weight_dtype, tp))
-        self.linear_flops_per_token = float(linear_flops_per_token(model, tp))
+        # every weight is read once per iteration, except the embedding table: a lookup reads
+        # only the rows of the batch's tokens (with tied embeddings the LM head reads it all)
+        lookup = 0 if model.tie_word_embeddings else model.embedding_params
+        self.weight_bytes = float(weight_bytes(model, weight_dtype, tp)) - lookup * (
+            weight_dtype_bytes(weight_dtype) / tp
+        )
+        # logits are computed for each sequence's last token only (vLLM, SGLang), not per token
+        self.lm_head_flops_per_seq = 2.0 * model.hidden_size * model.vocab_size / tp
+        self.linear_flops_per_token = (
+            float(linear_flops_per_token(model, tp)) - self.lm_head_flops_per_seq
+        )
         self.gemm_kernels = gemm_kernels_per_iteration(model)
         self.elementwise_kernels = ELEMENTWISE_KERNELS_PER_LAYER * model.num_layers
         self.elementwise_bytes_per_token = model_elementwise_bytes_per_token(model, tp, 2.0)
@@ -161,10 +171,12 @@ class RooflineCostModel(ChunkedPrefill):
         self.state_bytes_per_seq = sum(g.state_bytes_per_seq for g in self.groups)
 
     # -- the parts of an iteration ------------------------------------------------------------
-    def linear_s(self, tokens: float | np.ndarray):
-        """Weight matmuls, elementwise passes and all-reduces of ``tokens`` scheduled tokens."""
+    def linear_s(self, tokens: float | np.ndarray, sequences: float | np.ndarray):
+        """Weight matmuls, elementwise passes and all-reduces of ``tokens`` scheduled tokens of
+        ``sequences`` sequences (the LM head runs once per sequence)."""
         r = self.rates
-        t = r.gemm_s(self.linear_flops_per_token * tokens, self.weight_bytes, self.gemm_kernels)
+        flops = self.linear_flops_per_token * tokens + self.lm_head_flops_per_seq * sequences
+        t = r.gemm_s(flops, self.weight_bytes, self.gemm_kernels)
         t = t + r.elementwise_s(
             np.asarray(tokens) * self.elementwise_bytes_per_token, self.elementwise_kernels
         )
@@ -230,7 +242,8 @@ class RooflineCostModel(ChunkedPrefill):
             f, b = self._decode_work(np.asarray(decode_contexts, dtype=np.float64)[None, :])
             flops += float(f[0])
             nbytes += float(b[0])
-        t = self.linear_s(tokens) + self._attention_s(flops, nbytes)
+        sequences = len(prefill) + len(decode_contexts)
+        t = self.linear_s(tokens, sequences) + self._attention_s(flops, nbytes)
         return float(t) + self.overhead_s
 
     def decode_run_ends_s(self, contexts: np.ndarray, steps: int) -> np.ndarray:
@@ -246,7 +259,7 @@ class RooflineCostModel(ChunkedPrefill):
             attended = float(contexts.sum()) + n * offsets + n
             flops = attended * self.flops_per_pair
             nbytes = attended * self.kv_bytes_per_token + n * self.state_bytes_per_seq
-        fixed = float(self.linear_s(n)) + self.overhead_s
+        fixed = float(self.linear_s(n, n)) + self.overhead_s
         return np.cumsum(fixed + self._attention_s(flops, nbytes))
 
     def block_recompute_s(self, block_size: int) -> tuple[float, float]:
