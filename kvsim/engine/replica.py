@@ -106,7 +106,16 @@ class Replica:
 
     # -- arrivals ----------------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
+        """A new request arrives: after the serving front end's per-request work (API server,
+        tokenisation: the profile's ``request_overhead_s``) it joins the queue."""
         request.arrival_s = self.env.now
+        if self.cost.request_overhead_s > 0:
+            self.env.process(self._after_front_end(request))
+        else:
+            self.enqueue(request)
+
+    def _after_front_end(self, request: Request):
+        yield self.env.timeout(self.cost.request_overhead_s)
         self.enqueue(request)
 
     def enqueue(self, request: Request) -> None:
