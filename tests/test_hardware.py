@@ -19,6 +19,8 @@ from kvsim.hardware import (
 from kvsim.hardware.show import format_profile, format_profile_list
 
 SHIPPED = ["a100-80gb", "b200", "gb200", "h100-sxm", "h200-sxm", "mi300x"]
+# measured profiles shipped in hardware_profiles/measured/ (tests/test_import_vidur.py checks them)
+MEASURED = ["measured/a100-80gb-vidur-llama-2-70b-tp2"]
 H100_TEXT = (profiles_dir() / "h100-sxm.toml").read_text()
 
 
@@ -28,7 +30,7 @@ def _shipped_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_shipped_profile_names() -> None:
-    assert profile_names() == SHIPPED
+    assert profile_names() == sorted(SHIPPED + MEASURED)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -94,7 +96,7 @@ def test_load_by_path_and_validate_same_profile() -> None:
 def test_unknown_profile_lists_valid_names() -> None:
     with pytest.raises(UnknownNameError) as info:
         load_profile("h100-pcie")
-    assert info.value.valid == SHIPPED
+    assert info.value.valid == sorted(SHIPPED + MEASURED)
     assert "h100-pcie" in str(info.value) and "h200-sxm" in str(info.value)
 
 
@@ -370,7 +372,7 @@ def test_parse_duration_rejects(text: str | bool) -> None:
 
 def test_format_profile_list_has_one_line_per_profile() -> None:
     lines = format_profile_list().splitlines()
-    assert len(lines) == 1 + len(SHIPPED)
+    assert len(lines) == 1 + len(SHIPPED) + len(MEASURED)
     h200 = next(line for line in lines if line.startswith("h200-sxm"))
     assert "H200 SXM" in h200 and "141 GB" in h200 and "6.31" in h200
 

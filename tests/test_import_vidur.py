@@ -219,3 +219,25 @@ def test_thin_keeps_one_real_median_point_per_bin() -> None:
     # the last bin (one point) joins the one before; medians: t=3 (x=12) and t=7 of six (x=101)
     assert keep.tolist() == [2, 6] and len(set(keep.tolist())) == len(keep)
     assert two_per_octave(np.array([1, 2, 3, 4, 5, 6, 7, 8, 9])) == [1, 2, 3, 4, 6, 8, 9]
+
+
+SHIPPED = sorted(
+    (Path(__file__).resolve().parents[1] / "hardware_profiles" / "measured").glob("*vidur*.toml")
+)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_vidur_profiles_carry_provenance_and_price_their_model(path: Path) -> None:
+    profile = load_profile(f"measured/{path.stem}")
+    m = profile.measured
+    assert m["source"] == "https://github.com/microsoft/vidur" and m["licence"] == "MIT"
+    assert len(m["source_commit"]) == 40 and m["source_files"] and m["source_note"]
+    assert "Copyright (c) Microsoft Corporation" in path.read_text()
+    assert m["filled_from_roofline"] == ["gemm.lm_head"]  # the rest is Vidur's
+    model = load_model(m["model"])
+    cost = make_cost_model(model, profile, tp=m["tp"], weight_dtype=model.weight_dtype)
+    assert cost.kind == "measured" and cost.allreduce is not None
+
+
+def test_a_vidur_profile_is_shipped() -> None:
+    assert [p.stem for p in SHIPPED] == ["a100-80gb-vidur-llama-2-70b-tp2"]

@@ -477,7 +477,7 @@ def profile_text(
     head, sep, rest = base_text.partition("\n[")
     description = (
         f"{base.description}; kernel tables of {model.name} at tp={tp} from Vidur's profiling "
-        f"data ({files.gpu or 'GPU as the base profile'}), MIT licence"
+        f"data{f' ({files.gpu})' if files.gpu else ''}, MIT licence"
     )
     head, named = re.subn(r"(?m)^name\s*=.*$", lambda _: f"name = {_toml_str(name)}", head, count=1)
     head, described = re.subn(
@@ -497,7 +497,7 @@ def profile_text(
         "MIT licence,",
         "# Copyright (c) Microsoft Corporation); provenance and gaps filled from the roofline "
         "are in [measured].",
-        head.rstrip("\n") + sep + rest.rstrip("\n"),
+        head.rstrip("\n") + ("\n" + sep if sep else "") + rest.rstrip("\n"),
         "",
         dumps({"measured": measured}).rstrip(),
     ]
