@@ -267,7 +267,7 @@ PFS_NAME = 'name = "pfs"'
             id="bad-scope",
         ),
         pytest.param(
-            [("compute = 0.78", "compute = 1.2")],
+            [("compute = 0.76", "compute = 1.2")],
             "efficiency.compute: expected a number in (0, 1], got 1.2",
             id="efficiency-above-one",
         ),
@@ -277,7 +277,7 @@ PFS_NAME = 'name = "pfs"'
             id="efficiency-zero",
         ),
         pytest.param(
-            [("compute = 0.78", 'compute = "high"')],
+            [("compute = 0.76", 'compute = "high"')],
             "efficiency.compute: expected a number in (0, 1]",
             id="efficiency-non-numeric",
         ),
