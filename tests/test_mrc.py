@@ -35,7 +35,10 @@ def test_json_and_plot(tmp_path) -> None:
     assert set(doc) == {"results", "wall_s"}
     rows = doc["results"]
     assert len(rows) == 6
-    assert set(rows[0]) == {"policy", "capacity", "semantics", "accesses", "hits", "hit_ratio"}
+    fields = {"policy", "capacity", "semantics", "accesses", "hits", "hit_ratio"}
+    # prefix semantics runs requests through the engine's pool: one longer than it is refused
+    assert set(rows[0]) == fields | {"unserved_requests"}
+    assert rows[0]["unserved_requests"] > 0 and rows[1]["unserved_requests"] == 0
     assert all(r["semantics"] == "prefix" and r["hits"] <= r["accesses"] for r in rows)
     assert png.stat().st_size > 1000
 

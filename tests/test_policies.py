@@ -228,7 +228,9 @@ def test_bayes_reuse_near_lru_at_large_capacity() -> None:
 
 def test_bayes_reuse_keeps_prefix_heads_under_a_flood() -> None:
     """Prompts longer than the tier (agentic-like): orphans and deepest-first ties keep each
-    prompt's first blocks, which the next turn hits; LRU keeps nothing useful."""
+    prompt's first blocks, which the next turn hits; LRU keeps nothing useful. Plain semantics:
+    under prefix semantics requests go through the engine's pool, which refuses a prompt
+    longer than the cache."""
     n, length = 200, 40
     keys = [k for _ in range(n) for k in range(1, length + 1)]
     seq = BlockSequence(
@@ -238,5 +240,6 @@ def test_bayes_reuse_keeps_prefix_heads_under_a_flood() -> None:
         np.arange(n, dtype=np.float64),
         16,
     )
-    assert replay(seq, make_policy("lru"), 30, "prefix").hits == 0
-    assert replay(seq, make_policy("bayes-reuse"), 30, "prefix").hit_ratio > 0.6  # max 0.75
+    assert replay(seq, make_policy("lru"), 30, "plain").hits == 0
+    assert replay(seq, make_policy("bayes-reuse"), 30, "plain").hit_ratio > 0.6  # max 0.75
+    assert replay(seq, make_policy("bayes-reuse"), 30, "prefix").extra == {"unserved_requests": n}

@@ -50,6 +50,10 @@ class _Parents(Sequence[int]):
         p = self._positions[i]
         return self._chain[p - 1] if p else 0
 
+    def __iter__(self):  # type: ignore[override]
+        chain = self._chain
+        return (chain[p - 1] if p else 0 for p in self._positions)
+
 
 class BlockPool:
     """`num_blocks` physical blocks: free (uncached), cached (pinned or evictable), or in use."""
@@ -131,7 +135,9 @@ class BlockPool:
             refs = self.refs
             victims = self.policy.evict(count)
             deque(map(refs.__delitem__, victims), maxlen=0)  # at C speed
-            self.stats.evictions += count
+            # a policy that frees whole groups (sglang: radix nodes) may free more than asked
+            self.free_uncached += len(victims) - count
+            self.stats.evictions += len(victims)
             if self.on_evict is not None:
                 self.on_evict(victims)
             if self.journal is not None:

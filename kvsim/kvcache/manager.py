@@ -35,8 +35,8 @@ class KVCacheManager:
     def __init__(
         self,
         pool: BlockPool,
-        hierarchy: Hierarchy,
-        cost: CostModel,
+        hierarchy: Hierarchy | None,
+        cost: CostModel | None,
         *,
         block_size: int,
         chunk_tokens: int,
@@ -68,14 +68,15 @@ class KVCacheManager:
             pool.on_evict = hierarchy.evicted_from_hbm
             if hierarchy.write_through or not hierarchy.inclusive:
                 pool.on_register = hierarchy.computed_in_hbm
-        if future is not None:
+        if future is not None and hierarchy:
             hierarchy.info.future = future
         if pool.describes:
             info = pool.info
             info.kind_names = kind_names
-            info.recompute_base_s, info.recompute_per_position_s = cost.block_recompute_s(
-                block_size
-            )
+            if cost is not None:  # none in a cache-only replay: recompute times stay unknown
+                info.recompute_base_s, info.recompute_per_position_s = cost.block_recompute_s(
+                    block_size
+                )
             info.future = future if pool.policy.needs_future else None
 
     def _blocks_for(self, tokens: int) -> int:
@@ -133,6 +134,7 @@ class KVCacheManager:
             return self._overlapped_plan(req, hit, found, overlap)
         bs = self.block_size
         chunk = self.chunk_tokens
+        assert self.cost is not None  # loads happen only in the engine, which has one
         prefill = self.cost.prefill_time_s
         load_s = self.hierarchy.load_estimate_s(found)  # type: ignore[union-attr]
         best, best_s = 0, prefill(req.known - hit * bs, hit * bs, chunk)

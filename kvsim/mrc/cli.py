@@ -139,7 +139,8 @@ def plot_mrc(results: list[ReplayResult], path: str | Path, title: str) -> None:
     type=click.Choice(SEMANTICS),
     default="plain",
     show_default=True,
-    help="plain: every block access is a cache request; prefix: hits stop at the first miss.",
+    help="plain: every block access is a cache request; prefix: requests one at a time through "
+    "the engine's KV-cache manager (hits stop at the first miss, capped at input - 1 tokens).",
 )
 @click.option(
     "--block-size",
@@ -195,3 +196,11 @@ def mrc(
         click.echo(
             f"{r.policy:<16} {r.capacity:>10} {r.accesses:>10} {r.hits:>10} {r.hit_ratio:>10.4f}"
         )
+    refused = {r.capacity: int(r.extra["unserved_requests"]) for r in results if r.extra}
+    for capacity, count in sorted(refused.items()):
+        if count:
+            click.echo(
+                f"note: at {capacity} blocks, {count} requests need more blocks than the cache "
+                "holds; an engine refuses them, so they count as misses",
+                err=True,
+            )

@@ -1,10 +1,13 @@
 """Cache-only replay of a block access sequence: hit ratios without the engine.
 
-Every request's blocks are looked up in order. Under ``plain`` semantics each block access is an
-ordinary cache request (comparable with libCacheSim). Under ``prefix`` semantics a request stops
-hitting at its first missing block, as an engine with prefix caching does: later blocks count as
-misses even when resident (they are refreshed, not re-inserted). All resident blocks are
-evictable (nothing is pinned), so each miss on a full cache evicts exactly one block.
+Under ``plain`` semantics each block access is an ordinary cache request (comparable with
+libCacheSim): all resident blocks are evictable, and each miss on a full cache evicts a block.
+Under ``prefix`` semantics each request goes, one at a time, through the engine's own KV-cache
+manager and block pool (kvsim.kvcache), so the replay and the engine cannot drift: its hit is
+the leading cached blocks, capped at input - 1 tokens (as in vLLM and SGLang), it pins them,
+allocates blocks for the rest of its prompt (evicting what the policy picks), caches its full
+blocks and releases them deepest first. A request needing more blocks than the cache holds
+cannot be served (an engine refuses it); it counts as all misses and leaves the cache alone.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.engine.request import Request
+from kvsim.kvcache.block_pool import BlockPool
+from kvsim.kvcache.manager import KVCacheManager
 from kvsim.mrc.heads import replay_heads
 from kvsim.policies.base import BlockInfo, EvictionPolicy
 from kvsim.policies.ema_head import EmaHead
@@ -35,6 +41,8 @@ class BlockSequence:
     kinds: np.ndarray  # uint8 codes into SEGMENT_KINDS
     arrival_s: np.ndarray  # float64 per request
     block_size: int
+    input_tokens: np.ndarray | None = None
+    """Prompt tokens per request (int64); None: each prompt is exactly its full blocks."""
 
     def __len__(self) -> int:
         return int(self.keys.size)
@@ -50,7 +58,14 @@ class BlockSequence:
                 cols.kinds[lo:hi], cols.tokens[lo:hi], block_size
             )
         arrival = trace.table.column("arrival_s").to_numpy()
-        return cls(offsets, keys, kinds, np.asarray(arrival, dtype=np.float64), block_size)
+        tokens = trace.table.column("input_tokens").to_numpy().astype(np.int64)
+        return cls(offsets, keys, kinds, np.asarray(arrival, dtype=np.float64), block_size, tokens)
+
+    def prompt_tokens(self) -> np.ndarray:
+        """Prompt tokens per request (full blocks x block size where the trace gives none)."""
+        if self.input_tokens is not None:
+            return self.input_tokens
+        return np.diff(self.offsets) * self.block_size
 
 
 def next_use(keys: np.ndarray) -> np.ndarray:
@@ -67,6 +82,8 @@ class ReplayResult:
     hits: int
     extra: dict[str, float] | None = None
     """Policy-specific figures (ema-head: attention_mass_lost, lossy_hits), added to the JSON."""
+    request_hits: np.ndarray | None = None
+    """Cached blocks each request hit (prefix semantics only); not in the JSON."""
 
     @property
     def hit_ratio(self) -> float:
@@ -138,8 +155,10 @@ def replay(
     name = policy.name or type(policy).__name__
     if isinstance(policy, EmaHead) and policy.params.head_granular:
         return replay_heads(seq, policy, capacity, semantics)
+    if semantics == "prefix":
+        return _replay_prefix(seq, policy, capacity, name)
     keys = seq.keys.tolist()
-    fast_loop = FAST_PLAIN.get(type(policy)) if fast and semantics == "plain" else None
+    fast_loop = FAST_PLAIN.get(type(policy)) if fast else None
     if fast_loop is not None:
         return ReplayResult(name, capacity, semantics, len(keys), fast_loop(keys, capacity))
 
@@ -151,9 +170,7 @@ def replay(
     offsets = seq.offsets.tolist()
     arrivals = seq.arrival_s.tolist()
     block_size = seq.block_size
-    prefix = semantics == "prefix"
-    add, access, discard, forget = policy.add, policy.access, policy.discard, policy.forget
-    victim, miss = policy.victim, policy.miss
+    add, access, evict, miss = policy.add, policy.access, policy.evict, policy.miss
     resident: set[int] = set()
     info = BlockInfo()
     hits = 0
@@ -162,7 +179,6 @@ def replay(
         info.now_s = arrivals[row]
         info.request_tokens = (end - start) * block_size
         parent = 0
-        hitting = True
         for i in range(start, end):
             key = keys[i]
             info.position = i - start
@@ -171,19 +187,86 @@ def replay(
             if nxt is not None:
                 info.next_use = nxt[i]
             if key in resident:
-                if hitting:
-                    hits += 1
+                hits += 1
                 access(key, info)
             else:
-                if prefix:
-                    hitting = False
                 miss(key, info)
                 if len(resident) >= capacity:
-                    out = victim()
-                    discard(out)
-                    forget(out)
-                    resident.remove(out)
+                    resident.difference_update(evict(1))
                 add(key, info)
                 resident.add(key)
             parent = key
     return ReplayResult(name, capacity, semantics, len(keys), hits)
+
+
+class _RequestClock:
+    """The oracle's view of time in a replay: the index of the request being served. Only that
+    request's blocks are asked about, so their next uses are looked up once per request."""
+
+    def __init__(self, seq: BlockSequence) -> None:
+        rows = np.repeat(np.arange(len(seq.offsets) - 1), np.diff(seq.offsets))
+        self.following = FutureUses(seq.keys, rows.astype(np.float64)).following().tolist()
+        self.offsets = seq.offsets.tolist()
+        self.keys = seq.keys.tolist()
+        self.next: dict[int, float] = {}
+
+    def serve(self, row: int) -> None:
+        lo, hi = self.offsets[row], self.offsets[row + 1]
+        self.next = dict(zip(self.keys[lo:hi], self.following[lo:hi], strict=True))
+
+    def __call__(self, key: int, now_s: float) -> float:
+        return self.next[key]
+
+
+def _replay_prefix(
+    seq: BlockSequence, policy: EvictionPolicy, capacity: int, name: str
+) -> ReplayResult:
+    """Requests one at a time through the engine's KV-cache manager and block pool."""
+    pool = BlockPool(capacity, policy)
+    clock = _RequestClock(seq) if policy.needs_future else None
+    offsets = seq.offsets.tolist()
+    keys = seq.keys.tolist()
+    kinds = seq.kinds
+    chain: list[int] = []
+
+    def load_chain(req: Request) -> None:
+        req.table.hashes = chain
+        req.table.kinds = kinds[offsets[req.index] : offsets[req.index + 1]]
+
+    kv = KVCacheManager(
+        pool,
+        None,
+        None,
+        block_size=seq.block_size,
+        chunk_tokens=1 << 62,
+        prefix_caching=True,
+        rope_reuse=False,
+        load_chain=load_chain,
+        rerotate_s_per_token=0.0,
+        kind_names=SEGMENT_KINDS,
+        future=clock,
+    )
+    budget = 1 << 62
+    tokens = seq.prompt_tokens().tolist()
+    arrivals = seq.arrival_s.tolist()
+    request_hits = np.zeros(len(offsets) - 1, dtype=np.int64)
+    unserved = 0
+    for row in range(len(offsets) - 1):
+        chain = keys[offsets[row] : offsets[row + 1]]
+        if clock is not None:
+            clock.serve(row)
+        req = Request(row, tokens[row], 0)
+        plan = kv.lookup(req, budget)
+        hit, need = plan[0], plan[4]
+        if hit + need > capacity:  # it could never run: an engine refuses it
+            unserved += 1
+            continue
+        now = arrivals[row]
+        kv.admit(req, plan, now, True)
+        req.computed = req.known
+        kv.commit(req, now)
+        kv.free(req, now)
+        request_hits[row] = hit
+    hits = int(request_hits.sum())
+    extra: dict[str, float] = {"unserved_requests": unserved}
+    return ReplayResult(name, capacity, "prefix", len(keys), hits, extra, request_hits=request_hits)

@@ -26,6 +26,7 @@ from kvsim.policies.lru_k import LRUK
 from kvsim.policies.mooncake_length import MooncakeLength
 from kvsim.policies.radix_lru import RadixLRU
 from kvsim.policies.s3fifo import S3FIFO
+from kvsim.policies.sglang import SGLang
 from kvsim.policies.sieve import Sieve
 from kvsim.policies.srf import SRF
 from kvsim.policies.twoq import TwoQ
@@ -57,6 +58,7 @@ for _cls in (
     GDSF,
     VLLM,
     RadixLRU,
+    SGLang,
     LMCacheCost,
     MooncakeLength,
     SRF,

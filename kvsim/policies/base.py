@@ -16,7 +16,9 @@ Three batch hooks exist for the hot path (vLLM's block pool has the same: ``appe
 ``popleft_n``): ``add_many`` (a request's blocks released together, deepest first), ``pin_many``
 (a request's prefix hit: each block accessed, the evictable ones discarded) and ``evict`` (choose
 and drop several victims). Their defaults call the single-block hooks; a policy overrides
-them only to go faster, never to behave differently.
+them only to go faster, never to behave differently, with one exception: a policy that evicts
+whole groups of blocks (``sglang``: a radix node) may return more victims from ``evict`` than
+asked, and the tier frees the extra ones.
 """
 
 from __future__ import annotations
@@ -116,7 +118,8 @@ class EvictionPolicy(ABC):
                 self.discard(key)
 
     def evict(self, count: int) -> list[int]:
-        """Choose and remove ``count`` victims, in order (each: victim, discard, forget)."""
+        """Choose and remove at least ``count`` victims, in order (each: victim, discard,
+        forget); exactly ``count`` unless the policy evicts whole groups."""
         victims = []
         for _ in range(count):
             key = self.victim()
