@@ -1,4 +1,10 @@
-"""SGLang's RadixAttention eviction: LRU over leaves of the prefix tree only.
+"""An idealised radix cache: LRU over the leaf *blocks* of the prefix tree only.
+
+This is the block-granular idealisation of SGLang's RadixAttention eviction, not SGLang as it
+behaves (that is ``sglang``, kvsim.policies.sglang: whole radix nodes, which over-evict). Here
+every block is its own node, so an eviction frees exactly the blocks asked for; on
+mooncake-conversation at 512-token blocks it makes the same hits as vLLM's own block pool
+(docs/validation.md).
 
 A block is a leaf while no block naming it as parent is in the tier (pinned or not), so evicting
 it never orphans a cached descendant: respects the prefix tree by construction. Evictable leaves
