@@ -95,6 +95,7 @@ class Point:
     rate_per_s: float = 0.0
     concurrency: int = 0
     num_prompts: int | None = None
+    num_scheduler_steps: int = 1  # vLLM v0 multi-step scheduling, as the source ran it
 
     @property
     def load(self) -> str:
@@ -274,7 +275,9 @@ def build_trace(point: Point, n: int, sharegpt: ShareGPT | None, seed: int = 0) 
 
 # -- simulation ------------------------------------------------------------------------------------
 def engine_config(point: Point, source: dict[str, Any], seed: int = 0) -> EngineConfig:
-    """vLLM's defaults, with a source's published batch limits where it gives them."""
+    """vLLM's defaults, with a source's published batch limits and its engine's KV reservation
+    (TensorRT-LLM: ``full``, its default GUARANTEED_NO_EVICT) and chunking (TensorRT-LLM: off by
+    default), and a point's multi-step rounds."""
     defaults = EngineConfig()
     return EngineConfig(
         tp=point.tp,
@@ -285,6 +288,9 @@ def engine_config(point: Point, source: dict[str, Any], seed: int = 0) -> Engine
         max_num_batched_tokens=int(
             source.get("max_num_batched_tokens", defaults.max_num_batched_tokens)
         ),
+        num_scheduler_steps=point.num_scheduler_steps,
+        kv_reservation=str(source.get("kv_reservation", "prompt")),
+        chunked_prefill=bool(source.get("chunked_prefill", True)),
         seed=seed,
     )
 

@@ -245,6 +245,24 @@ def _default_out() -> Path:
     "(CachedAttention) or bidirectional (Cake). [default: none]",
 )
 @click.option("--admission", help="Lower-tier admission: all, second-chance, or nvme=... pairs.")
+@click.option(
+    "--chunked-prefill/--no-chunked-prefill",
+    default=None,
+    help="Split prompts across iterations (vLLM V1); off: a prompt waits until it fits whole "
+    "(TensorRT-LLM's default). [default: on]",
+)
+@click.option(
+    "--num-scheduler-steps",
+    type=int,
+    help="Decode steps per scheduler call (vLLM v0 multi-step); arrivals wait for the round. "
+    "[default: 1]",
+)
+@click.option(
+    "--kv-reservation",
+    type=click.Choice(["prompt", "full"]),
+    help="KV a request needs free to start: prompt (vLLM, SGLang; preempt on growth) or full "
+    "(prompt + output: TensorRT-LLM's GUARANTEED_NO_EVICT). [default: prompt]",
+)
 @click.option("--prefetch/--no-prefetch", default=None, help="Prefetch during think time.")
 @click.option(
     "--rope-reuse/--no-rope-reuse",

@@ -22,6 +22,29 @@ class EngineConfig:
             "help": "tokens per iteration, the chunked-prefill budget (vLLM V1 default 8192)"
         },
     )
+    chunked_prefill: bool = field(
+        default=True,
+        metadata={
+            "help": "split a prompt across iterations to fill the token budget (vLLM V1, "
+            "SGLang); off: a prompt starts only when it fits whole beside the running batch "
+            "(TensorRT-LLM's default, vLLM V0 without --enable-chunked-prefill)"
+        },
+    )
+    num_scheduler_steps: int = field(
+        default=1,
+        metadata={
+            "help": "decode steps per scheduler call (vLLM v0 multi-step, --num-scheduler-steps): "
+            "a waiting request is admitted only between rounds"
+        },
+    )
+    kv_reservation: str = field(
+        default="prompt",
+        metadata={
+            "help": "free KV a request needs to be admitted: prompt (vLLM, SGLang: preempt later "
+            "if outputs outgrow memory) or full (TensorRT-LLM's GUARANTEED_NO_EVICT: prompt plus "
+            "the whole output, never preempted)"
+        },
+    )
     tp: int = field(default=1, metadata={"help": "tensor-parallel GPUs in the replica"})
     kv_dtype: str = field(default="bf16", metadata={"help": "KV cache dtype"})
     weight_dtype: str = field(default="bf16", metadata={"help": "weight dtype"})
@@ -127,7 +150,13 @@ class EngineConfig:
         return sum(split) if split else self.replicas
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tp"):
+        for name in (
+            "block_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "tp",
+            "num_scheduler_steps",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"engine.{name}: expected a positive integer, got {value!r}")
@@ -137,6 +166,7 @@ class EngineConfig:
             "write_policy": ("write-back", "write-through"),
             "hierarchy": ("inclusive", "exclusive"),
             "load_overlap": LOAD_OVERLAPS,
+            "kv_reservation": ("prompt", "full"),
         }
         for name, valid in choices.items():
             value = getattr(self, name)

@@ -88,6 +88,7 @@ class Replica:
         self.running: list[Request] = []
         self.loading: list[Request] = []  # admitted, waiting for blocks from lower tiers
         self.run_reserved_blocks = 0  # blocks a coalesced decode run counted on: not for prefetch
+        self.round_left = 0  # multi-step: decode steps left in the current round
         self.overlap = kv.load_overlap  # none, layerwise or bidirectional
         self.gated = 0  # running requests whose load is still in flight
         self.iterations = 0
@@ -145,6 +146,15 @@ class Replica:
                 yield self._wake
                 self._wake = None
                 continue
+            if self._in_round():
+                # multi-step: a round of decode steps runs to its end before the scheduler
+                # looks at the queue again
+                self.round_left = self.round_left or self.config.num_scheduler_steps
+                steps, need = self._coalescible_steps()
+                if steps >= 1:
+                    yield from self._decode_run(min(steps, self.round_left), need)
+                    continue
+                self.round_left = 0  # out of blocks: schedule (and preempt) as usual
             if self.coalesce and self._decode_only():
                 steps, need = self._coalescible_steps()
                 if steps >= 2:
@@ -184,6 +194,19 @@ class Replica:
     # -- scheduling --------------------------------------------------------------------------------
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
+
+    def _reservation(self, req: Request, need: int) -> int:
+        """Blocks that must stay free beyond ``need`` for ``req`` to start: none when only the
+        prompt is reserved; with ``kv_reservation = full`` (TensorRT-LLM's GUARANTEED_NO_EVICT)
+        the rest of its own output and what every started request may still grow by."""
+        if self.config.kv_reservation != "full":
+            return 0
+        held = sum(
+            max(0, self._blocks_for(r.input_tokens + r.output_tokens) - r.table.held_blocks)
+            for r in (*self.running, *self.loading)
+        )
+        prompt = self._blocks_for(req.known)
+        return held + max(0, self._blocks_for(req.input_tokens + req.output_tokens) - prompt)
 
     def _schedule(self) -> list[tuple[Request, int]]:
         budget = self.config.max_num_batched_tokens
@@ -233,8 +256,10 @@ class Replica:
             pulling = req.handoff == "decode"
             plan = kv.lookup_pull(req) if pulling else kv.lookup(req, budget)
             hit, evictable, load, n, need = plan
-            if need + evictable > pool.available:
+            if need + evictable + self._reservation(req, need) > pool.available:
                 break
+            if not self.config.chunked_prefill and batch and n < req.known - hit * bs:
+                break  # the whole prompt does not fit beside the batch: next iteration
             first_layer_s = -1.0
             if load and self.overlap == "layerwise":  # estimated on the links before it starts
                 assert kv.hierarchy is not None
@@ -423,21 +448,35 @@ class Replica:
         self.on_finish(req)
 
     # -- decode coalescing -------------------------------------------------------------------------
-    def _decode_only(self) -> bool:
+    def _in_round(self) -> bool:
+        """Multi-step: decoding continues without the scheduler (a round is under way, or
+        a new one starts because nothing waiting can join)."""
+        if self.config.num_scheduler_steps == 1 or not self._all_decoding():
+            return False
+        return self.round_left > 0 or self._cannot_admit()
+
+    def _all_decoding(self) -> bool:
+        """Every running request decodes one token and the batch fits one iteration."""
         running = self.running
         if self.gated or not running or len(running) > self.config.max_num_batched_tokens:
             return False
-        for req in running:
-            if req.known - req.computed != 1:
-                return False
+        return all(req.known - req.computed == 1 for req in running)
+
+    def _decode_only(self) -> bool:
+        """The batch can only decode until something finishes: nothing waiting can join."""
+        return self._all_decoding() and self._cannot_admit()
+
+    def _cannot_admit(self) -> bool:
+        running = self.running
         if not self.waiting or len(running) + len(self.loading) >= self.config.max_num_seqs:
             return True
         # the head of the queue cannot be admitted now, and decoding only takes blocks away
         budget = self.config.max_num_batched_tokens - len(running)
         if budget <= 0:
             return True
-        _, evictable, _, _, need = self.kv.lookup(self.waiting[0], budget)
-        return need + evictable > self.kv.pool.available
+        req = self.waiting[0]
+        _, evictable, _, _, need = self.kv.lookup(req, budget)
+        return need + evictable + self._reservation(req, need) > self.kv.pool.available
 
     def _blocks_needed(self, computed: np.ndarray, held: np.ndarray, steps: int) -> int:
         bs = self.block_size
@@ -480,10 +519,14 @@ class Replica:
         ends = self.cost.decode_run_ends_s(contexts, steps)
         self.run_reserved_blocks = need
         start = env.now
-        self._wake = env.event()
-        yield env.timeout(float(ends[-1])) | self._wake
-        cut = self._wake.triggered and env.now - start < float(ends[-1])
-        self._wake = None
+        if self.round_left:  # a multi-step round: nothing cuts it
+            yield env.timeout(float(ends[-1]))
+            cut = False
+        else:
+            self._wake = env.event()
+            yield env.timeout(float(ends[-1])) | self._wake
+            cut = self._wake.triggered and env.now - start < float(ends[-1])
+            self._wake = None
         done = steps
         if cut:
             elapsed = env.now - start
@@ -493,6 +536,7 @@ class Replica:
             if remaining > 0:
                 yield env.timeout(remaining)
         self.run_reserved_blocks = 0
+        self.round_left = max(0, self.round_left - done)
         duration = float(ends[done - 1])
         self.busy_s += duration
         self.iterations += done

@@ -1,0 +1,73 @@
+"""Engine scheduler modes of real engines (issue 11): vLLM v0 multi-step rounds, TensorRT-LLM's
+GUARANTEED_NO_EVICT reservation and its unchunked context phase."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import Req, make_trace
+
+from kvsim.engine import EngineConfig, simulate
+from kvsim.errors import ConfigError
+from kvsim.hardware import load_profile
+from kvsim.hardware.measured import make_cost_model
+from kvsim.models import load_model
+
+MODEL = load_model("llama-3.1-8b")
+PROFILE = load_profile("h100-sxm")
+
+
+def run(reqs, **engine):
+    config = EngineConfig(enable_prefix_caching=False, **engine)
+    return simulate(make_trace(reqs), MODEL, PROFILE, config).requests.to_pydict()
+
+
+def test_multi_step_admits_only_at_the_end_of_a_round() -> None:
+    # A decodes alone; B arrives 3 decode steps into A's first round of 10
+    cost = make_cost_model(MODEL, PROFILE)
+    prefill_s = cost.iteration_time_s([(100, 0)], [])
+    steps = cost.decode_run_ends_s(np.array([100.0]), 10)
+    b_arrives = prefill_s + float(steps[2]) + 1e-4
+    reqs = [Req([(1, 100)], 200, arrival_s=0.0), Req([(2, 50)], 5, arrival_s=b_arrives)]
+    single = run(reqs)
+    multi = run(reqs, num_scheduler_steps=10)
+    # one step at a time: B starts with A's next step
+    assert single["scheduled_s"][1] == pytest.approx(prefill_s + float(steps[3]))
+    # ten at a time: B waits for the round's tenth step
+    assert multi["scheduled_s"][1] == pytest.approx(prefill_s + float(steps[9]))
+    assert multi["ttft_s"][1] > single["ttft_s"][1]
+    # A alone is decoded the same way either way
+    assert multi["ttft_s"][0] == pytest.approx(single["ttft_s"][0])
+
+
+def test_full_reservation_never_preempts_where_prompt_reservation_does() -> None:
+    reqs = [Req([(i + 1, 1000)], 1500, arrival_s=0.0) for i in range(40)]
+    prompt = run(reqs, num_gpu_blocks=1500)
+    full = run(reqs, num_gpu_blocks=1500, kv_reservation="full")
+    assert sum(prompt["preemptions"]) > 0
+    assert sum(full["preemptions"]) == 0
+    assert all(f > 0 for f in full["finish_s"])
+    # 1500 blocks of 16 tokens hold 9 requests of 2500 tokens: at most 9 start before one ends
+    first_finish = min(full["finish_s"])
+    started = sum(1 for s in full["scheduled_s"] if s < first_finish)
+    assert started <= 1500 * 16 // 2500
+
+
+def test_unchunked_prefill_waits_for_room_for_the_whole_prompt() -> None:
+    reqs = [Req([(1, 5000)], 10, arrival_s=0.0), Req([(2, 5000)], 10, arrival_s=0.0)]
+    chunked = run(reqs)
+    whole = run(reqs, chunked_prefill=False)
+    cost = make_cost_model(MODEL, PROFILE)
+    # unchunked: A's iteration holds A alone; B starts after it, whole
+    assert whole["ttft_s"][0] == pytest.approx(cost.iteration_time_s([(5000, 0)], []))
+    assert whole["scheduled_s"][1] == pytest.approx(whole["first_token_s"][0])
+    # chunked: B's first 3192 tokens share A's iteration, so A's first token comes later
+    assert chunked["ttft_s"][0] == pytest.approx(cost.iteration_time_s([(5000, 0), (3192, 0)], []))
+    assert chunked["ttft_s"][0] > whole["ttft_s"][0]
+
+
+def test_bad_scheduler_settings_are_refused() -> None:
+    with pytest.raises(ConfigError, match="num_scheduler_steps"):
+        EngineConfig(num_scheduler_steps=0)
+    with pytest.raises(ConfigError, match="kv_reservation"):
+        EngineConfig(kv_reservation="some")
