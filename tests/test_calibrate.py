@@ -220,18 +220,14 @@ def test_quick_shapes_of_every_catalog_model_fit_the_memory_budget() -> None:
     at every TP degree vLLM accepts, in bf16 and fp32, whatever the last-level cache, the
     tensors it holds at its peak (estimated from the shapes) stay under 1 GiB, which with the
     interpreter, torch and matplotlib (about 0.3 GB, and 0.7-0.9 GB peak RSS measured in all,
-    docs/calibration.md) keeps a run under 2 GB. Times scale back by exact ratios of work."""
-    from kvsim.calibrate.plan import (
-        budget_for,
-        estimate_bytes,
-        kv_tokens,
-        make_plan,
-        plan_shapes,
-    )
+    docs/calibration.md) keeps a run under 2 GB. Times scale back by exact ratios of work.
+    MHA models (phi-2, internlm-20b: 5x the KV bytes per token of llama-3.1-8b's proxy) time
+    shorter decode contexts, the GQA ones the whole sweep."""
+    from kvsim.calibrate.plan import budget_for, estimate_bytes, make_plan, plan_calibration
     from kvsim.hardware.measured import gemm_shapes
     from kvsim.models import tp_degrees
 
-    sweep = make_plan("cpu", quick=True)
+    full = make_plan("cpu", quick=True)
     budget = budget_for("cpu", quick=True, device_bytes=24 << 30)
     names = _dense_catalog()
     assert {"qwen2.5-0.5b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b"} <= set(names)
@@ -241,10 +237,16 @@ def test_quick_shapes_of_every_catalog_model_fit_the_memory_budget() -> None:
         for tp in tp_degrees(model):
             for dtype_bytes in (2, 4):
                 for llc in (8 << 20, 32 << 20, 512 << 20):
-                    shapes = plan_shapes(
-                        model, tp, dtype_bytes, budget, llc, kv_tokens(sweep, "cpu")
+                    sweep, shapes = plan_calibration(
+                        model, tp, dtype_bytes, budget, llc, full, "cpu"
                     )
                     where = f"{name} tp={tp} {dtype_bytes}-byte llc={llc >> 20} MiB"
+                    kv_heads = model.layer_groups[0].num_kv_heads
+                    if kv_heads < model.layer_groups[0].num_heads:  # GQA: the whole sweep
+                        assert sweep == full and shapes.context_factor == 1, where
+                    assert sweep.decode_context == [
+                        c // shapes.context_factor for c in full.decode_context
+                    ], where
                     estimate = estimate_bytes(sweep, shapes, "cpu")
                     assert estimate <= 1 << 30, f"{where}: {estimate / 2**30:.2f} GiB"
                     worst = max(worst, estimate)
@@ -258,22 +260,45 @@ def test_quick_shapes_of_every_catalog_model_fit_the_memory_budget() -> None:
 
 
 def test_gpu_plans_fit_the_device_and_keep_real_shapes_where_they_fit() -> None:
-    from kvsim.calibrate.plan import (
-        budget_for,
-        estimate_bytes,
-        kv_tokens,
-        make_plan,
-        plan_shapes,
-    )
+    """MHA models keep their real shapes too, and time shorter decode contexts instead: one
+    decode probe of 256 x 8192 positions holds 40 GiB of internlm-20b's KV in one layer."""
+    from kvsim.calibrate.plan import budget_for, estimate_bytes, make_plan, plan_calibration
 
-    sweep = make_plan("cuda", quick=True)
+    full = make_plan("cuda", quick=True)
     for gib in (80, 141):
         budget = budget_for("cuda", quick=True, device_bytes=gib << 30)
         for name in _dense_catalog():
-            shapes = plan_shapes(load_model(name), 1, 2, budget, 50 << 20, kv_tokens(sweep, "cuda"))
+            sweep, shapes = plan_calibration(load_model(name), 1, 2, budget, 50 << 20, full, "cuda")
             assert estimate_bytes(sweep, shapes, "cuda") < 0.85 * (gib << 30), name
-            if name in ("llama-3.1-8b", "llama-3.1-70b"):
+            if name in ("llama-3.1-8b", "llama-3.1-70b", "internlm-20b", "llama-2-7b"):
                 assert not shapes.scaled, f"{name} on {gib} GiB: {shapes.describe()}"
+            if name in ("llama-3.1-8b", "llama-3.1-70b"):
+                assert sweep == full, f"{name} on {gib} GiB: {shapes.describe()}"
+        internlm = plan_calibration(
+            load_model("internlm-20b"), 1, 2, budget, 50 << 20, full, "cuda"
+        )
+        assert internlm[1].context_factor > 1, internlm[1].describe()
+        assert "decode contexts / " in internlm[1].describe()
+
+
+def test_shorter_sweeps_halve_decode_contexts_and_keep_fitted_and_held_points_apart() -> None:
+    from kvsim.calibrate.plan import kv_tokens, make_plan, shorter
+
+    for device in ("cpu", "cuda"):
+        plan = make_plan(device, quick=True)
+        half = shorter(plan)
+        assert half.decode_context == [c // 2 for c in plan.decode_context]
+        assert half.decode_batch == plan.decode_batch and half.prefill == plan.prefill
+        grid = {(b, c) for b in half.decode_batch for c in half.decode_context}
+        assert not grid & set(half.decode_held)
+        assert [b.decode for b in half.batches] == [b.decode for b in plan.batches]
+        for before, after in zip(plan.batches, half.batches, strict=True):
+            if before.decode:
+                assert after.decode_context == before.decode_context // 2
+                assert f"{after.decode}x{after.decode_context}" in after.name
+        assert all(
+            x < y for x, y in zip(kv_tokens(half, device), kv_tokens(plan, device), strict=True)
+        )
 
 
 def _small_sweep():

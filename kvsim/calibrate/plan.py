@@ -203,6 +203,8 @@ class Budget:
     query heads' width) goes below this unless the model's is smaller: on the 2-core build
     machine a bf16 GEMM with a 1024-wide reduction took 10-25% longer per weight than one
     2048 wide or more, at 1, 8 and 64 rows, so narrower proxies overstated the model's GEMMs.
+    ``total_bytes``: what the run holds at its peak (``estimate_bytes``) at most; a model whose
+    KV caches would take more times shorter decode contexts (``plan_calibration``).
     ``scrub_bytes``: the cache scrub before a kernel timed alone (the LM head) is twice the
     last-level cache, or the model's weights if fewer, but at most this (a CPU with a larger
     cache than half of it times the LM head a little warm).
@@ -212,6 +214,7 @@ class Budget:
     lm_head_bytes: int
     decoder_bytes: int
     forward_all: bool
+    total_bytes: int = GiB
     min_layers: int = 2
     min_width: int = 2048
     scrub_bytes: int = 256 * MiB
@@ -224,6 +227,8 @@ def budget_for(device: str, quick: bool, device_bytes: int) -> Budget:
     whenever a layer fits in 1/16 of the device's memory, and the forward check runs as many
     layers as half of it holds with their KV caches (on a CPU, whose forward probes all stay
     built, a quarter); proxies there keep widths of 4096 (a guess for GPUs, not yet measured).
+    A run holds at most 1 GiB (CPU ``--quick``), half the memory (CPU) or 80% of it (GPU: the
+    CUDA context and the allocator's slack come on top); past that, decode contexts shorten.
     """
     if device == "cpu" and quick:
         return Budget(48 * MiB, 16 * MiB, 256 * MiB, forward_all=False)
@@ -232,6 +237,7 @@ def budget_for(device: str, quick: bool, device_bytes: int) -> Budget:
         lm_head_bytes=max(32 * MiB, device_bytes // 16),
         decoder_bytes=max(96 * MiB, device_bytes // (4 if device == "cpu" else 2)),
         forward_all=True,
+        total_bytes=max(GiB, device_bytes // 2 if device == "cpu" else device_bytes * 4 // 5),
         min_width=2048 if device == "cpu" else 4096,
         scrub_bytes=max(256 * MiB, device_bytes // 8),
     )
@@ -246,6 +252,30 @@ def layer_batches(sweep: Plan) -> list[Batch]:
             out.append(Batch("layer", ((n, ratio * n),)))
     grid = [(b, c) for b in sweep.decode_batch for c in sweep.decode_context]
     return out + [Batch("layer", (), b, c) for b, c in grid + sweep.decode_held]
+
+
+def shorter(sweep: Plan) -> Plan:
+    """``sweep`` with every decode context halved (the grid's, the held-out points' and the
+    forward batches'): half the KV positions, for a model whose KV per token is too large for
+    the budget. Halving keeps fitted and held-out points apart."""
+
+    def half(c: int) -> int:
+        return max(1, c // 2)
+
+    def batch(b: Batch) -> Batch:
+        if not b.decode:
+            return b
+        c = half(b.decode_context)
+        name = b.name.replace(f"{b.decode}x{b.decode_context}", f"{b.decode}x{c}")
+        return dataclasses.replace(b, name=name, decode_context=c)
+
+    return dataclasses.replace(
+        sweep,
+        decode_context=[half(c) for c in sweep.decode_context],
+        decode_held=[(b, half(c)) for b, c in sweep.decode_held],
+        fit_batches=[batch(b) for b in sweep.fit_batches],
+        batches=[batch(b) for b in sweep.batches],
+    )
 
 
 def kv_tokens(sweep: Plan, device: str) -> tuple[int, int]:
@@ -275,6 +305,7 @@ class ShapePlan:
     dtype_bytes: int
     min_width: int  # the budget's floor on proxy widths
     scrub_bytes: int  # the cache scrub before a kernel timed alone
+    context_factor: int = 1  # the sweep's decode contexts divided by this (``plan_calibration``)
 
     @property
     def scaled(self) -> bool:
@@ -305,6 +336,8 @@ class ShapePlan:
             + (f" / {g.num_kv_heads} KV" if g.kind != "mla" else "")
             + f", MLP {inter}, vocab {s.vocab_size}"
         )
+        if self.context_factor > 1:
+            what += f", decode contexts / {self.context_factor}"
         if not self.scaled:
             return f"{self.model.name} at tp={self.tp}: real shapes, {what}"
         cuts = []
@@ -454,6 +487,40 @@ def plan_shapes(
         min_width=budget.min_width,
         scrub_bytes=min(weights * dtype_bytes, 2 * llc_bytes, budget.scrub_bytes),
     )
+
+
+def plan_calibration(
+    model: ModelSpec,
+    tp: int,
+    dtype_bytes: int,
+    budget: Budget,
+    llc_bytes: int,
+    sweep: Plan,
+    device: str,
+) -> tuple[Plan, ShapePlan]:
+    """The sweep and the timed shapes of ``model`` together: ``plan_shapes`` for ``sweep``, its
+    decode contexts halved (``shorter``) until the estimate fits ``budget.total_bytes``.
+
+    ``plan_shapes`` sizes the layers and copies to ``budget.decoder_bytes`` with their KV
+    caches, but builds at least one (a CPU ``--quick`` check: two), and its widths follow the
+    weights, not the KV. A model with many KV bytes per token (MHA: as many KV heads as query
+    heads; internlm-20b holds 5x llama-3.1-8b's) overruns the budget whatever the widths: on a
+    GPU one decode probe of 256 x 8192 positions holds 40 GiB of internlm-20b's KV for a single
+    layer. Its heads cannot fold further without narrowing the query width under
+    ``budget.min_width``, so the sweep gives way instead: each halving halves the decode KV
+    positions and keeps the shapes (real ones where they fit) and the fitted and held-out points
+    apart; beyond the shorter grid the measured model relaxes to the roofline. The GQA models
+    the budgets were set for keep the whole sweep."""
+    factor = 1
+    while True:
+        shapes = plan_shapes(model, tp, dtype_bytes, budget, llc_bytes, kv_tokens(sweep, device))
+        shapes = dataclasses.replace(shapes, context_factor=factor)
+        if (
+            estimate_bytes(sweep, shapes, device) <= budget.total_bytes
+            or min(sweep.decode_context) <= 1
+        ):
+            return sweep, shapes
+        sweep, factor = shorter(sweep), 2 * factor
 
 
 def _kv_bytes(spec: ModelSpec, dtype_bytes: int) -> int:

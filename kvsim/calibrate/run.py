@@ -31,10 +31,9 @@ from kvsim.calibrate.plan import (
     Plan,
     ShapePlan,
     budget_for,
-    kv_tokens,
     make_plan,
     midpoints,
-    plan_shapes,
+    plan_calibration,
 )
 from kvsim.calibrate.write import cpu_profile, gpu_profile
 from kvsim.errors import ConfigError
@@ -166,10 +165,11 @@ def _calibrate(model, base, name, device, tp, quick, dtype, kv_dtype, storage_di
         raise ConfigError("--device cuda: PyTorch sees no CUDA device here; use --device cpu")
     dev = torch.device(device)
     tdtype = TORCH_DTYPES[dtype]
-    plan = sweep or make_plan(device, quick)
     llc = bench.last_level_cache_bytes(dev)
     budget = budget or budget_for(device, quick, bench.device_memory_bytes(dev))
-    shaped = plan_shapes(model, tp, tdtype.itemsize, budget, llc, kv_tokens(plan, device))
+    plan, shaped = plan_calibration(  # MHA models: decode contexts shortened to fit the budget
+        model, tp, tdtype.itemsize, budget, llc, sweep or make_plan(device, quick), device
+    )
     spec = shaped.spec  # what is timed: one rank's shapes (or a proxy), at tp=1
     shapes = gemm_shapes(spec, 1)
     scrub = shaped.scrub_bytes  # as large as the model's weights (not the proxy's) or 2 x LLC
