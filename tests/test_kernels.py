@@ -87,6 +87,27 @@ def test_fp8_weights_compute_at_the_fp8_peak_where_the_gpu_has_one() -> None:
     assert fp8.iteration_time_s([(8192, 0)], []) < 0.7 * bf16.iteration_time_s([(8192, 0)], [])
 
 
+def test_rates_take_the_dtype_peak_else_bf16_else_the_largest() -> None:
+    """A CPU calibrated in fp32 writes a profile whose only peak is fp32's: no KeyError."""
+    from kvsim.hardware.kernels import KernelRates
+
+    base = load_profile("h100-sxm")
+    peaks = base.gpu.peak_flops_per_s
+    compute = base.efficiency.compute
+
+    def with_peaks(p: dict[str, float]):
+        return dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, peak_flops_per_s=p))
+
+    assert KernelRates.of(base, "fp8").gemm_flops_per_s == pytest.approx(peaks["fp8"] * compute)
+    no_fp8 = with_peaks({"bf16": 1e15, "fp32": 5e13})
+    assert KernelRates.of(no_fp8, "fp8").gemm_flops_per_s == pytest.approx(1e15 * compute)
+    cpu = with_peaks({"fp32": 2e11, "int8": 6e11})
+    assert KernelRates.of(cpu, "fp32").gemm_flops_per_s == pytest.approx(2e11 * compute)
+    assert KernelRates.of(cpu).gemm_flops_per_s == pytest.approx(6e11 * compute)
+    cost = RooflineCostModel(load_model("llama-3.1-8b"), with_peaks({"fp32": 2e11}))
+    assert cost.rates.gemm_flops_per_s == pytest.approx(2e11 * compute)
+
+
 def test_lm_head_runs_once_per_sequence() -> None:
     model = load_model("llama-3.1-8b")
     cost = RooflineCostModel(model, load_profile("h100-sxm"))

@@ -167,6 +167,42 @@ def test_decode_runs_match_single_iterations(tiny) -> None:
     )
 
 
+def test_beyond_the_tables_each_family_is_the_roofline_models_kernel_terms(tiny) -> None:
+    """Over a decade outside the measured range the measured model prices every family with
+    the KernelRates terms RooflineCostModel uses (floors, soft ridge, attention and elementwise
+    efficiencies), so the two agree where nothing was measured."""
+    from kvsim.hardware.costmodel import model_elementwise_bytes_per_token
+    from kvsim.hardware.kernels import ELEMENTWISE_KERNELS_PER_LAYER, KernelRates
+
+    profile = _profile(tiny, 2.0)
+    cost = make_cost_model(tiny, profile)
+    assert isinstance(cost, MeasuredCostModel)
+    rates = KernelRates.of(profile, "bf16")
+    assert rates == cost.roofline.rates
+    m = np.array([1e6, 1e7])  # tables end at 256 tokens (1e5: still the last point's time)
+    for (_, _, curve), g in zip(cost.gemm, gemm_shapes(tiny).values(), strict=True):
+        want = rates.gemm_s(2.0 * m * g.k * g.n, (g.k * g.n + m * (g.k + g.n)) * 2.0)
+        assert np.allclose(curve(m), want, rtol=1e-12)
+    per_layer = model_elementwise_bytes_per_token(tiny, 1, 2.0) / tiny.num_layers
+    want = rates.elementwise_s(m * per_layer, ELEMENTWISE_KERNELS_PER_LAYER)
+    assert np.allclose(cost.elementwise(m), want, rtol=1e-12)
+    # and summed over the layers, the roofline model's elementwise term exactly
+    roof = cost.roofline
+    ew = rates.elementwise_s(m * roof.elementwise_bytes_per_token, roof.elementwise_kernels)
+    assert np.allclose(tiny.num_layers * cost.elementwise(m), ew, rtol=1e-12)
+    att = cost.att
+    batch, context = 1000.0, 1e5  # tables end at 16 x 1024
+    keys = batch * (context + 1)
+    want = rates.attention_s(
+        keys * att.decode_fpp, keys * att.kv_bpt + batch * att.q_bytes_per_token
+    )
+    assert float(cost.decode(batch, context)) == pytest.approx(float(want), rel=1e-12)
+    new = 1e5  # tables end at 256 new tokens
+    pairs = new * (new + 1) / 2
+    want = rates.attention_s(pairs * att.prefill_fpp, new * (att.kv_bpt + att.q_bytes_per_token))
+    assert float(cost.prefill(pairs)) == pytest.approx(float(want), rel=1e-9)
+
+
 def test_tables_for_another_model_fall_back_to_the_roofline(tiny) -> None:
     other = load_model("qwen2.5-0.5b")
     cost = make_cost_model(other, _profile(tiny))

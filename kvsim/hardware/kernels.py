@@ -96,8 +96,11 @@ class KernelRates:
 
     @classmethod
     def of(cls, profile: HardwareProfile, compute_dtype: str = "bf16") -> KernelRates:
+        """The rates at ``compute_dtype``'s peak, else the BF16 peak, else the largest given:
+        a CPU calibrated in fp32 writes a profile whose only peak is fp32's."""
         gpu, eff = profile.gpu, profile.efficiency
-        peak = gpu.peak_flops_per_s.get(compute_dtype) or gpu.peak_flops_per_s["bf16"]
+        peaks = gpu.peak_flops_per_s
+        peak = peaks.get(compute_dtype) or peaks.get("bf16") or max(peaks.values())
         return cls(
             gemm_flops_per_s=peak * eff.compute,
             attention_flops_per_s=peak * eff.attention_or_compute,

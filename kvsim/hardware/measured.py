@@ -7,7 +7,8 @@
   interpolating log(achieved rate): exact at every measured point and monotone wherever the
   measurements are.
 - Outside the measured range the ratio measured/roofline of the nearest edge relaxes to 1 over
-  one decade of size, so extrapolation tends to the roofline instead of exploding, and beyond a
+  one decade of size, so extrapolation tends to the roofline (the kernel terms of
+  RooflineCostModel, kvsim.hardware.kernels) instead of exploding, and beyond a
   decade it *is* the roofline, except that a larger size never costs less than the largest
   measured one (nor a smaller one more than the smallest).
 
@@ -30,8 +31,13 @@ from typing import Any, NoReturn
 import numpy as np
 
 from kvsim.errors import ConfigError
-from kvsim.hardware.costmodel import ChunkedPrefill, RooflineCostModel, _windowed_pairs
-from kvsim.hardware.kernels import allreduce_s
+from kvsim.hardware.costmodel import (
+    ChunkedPrefill,
+    RooflineCostModel,
+    _windowed_pairs,
+    model_elementwise_bytes_per_token,
+)
+from kvsim.hardware.kernels import ELEMENTWISE_KERNELS_PER_LAYER, KernelRates, allreduce_s
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec, attention_costs, kv_heads_per_rank
 from kvsim.models.dtypes import weight_dtype_bytes
@@ -527,7 +533,9 @@ def elementwise_bytes_per_token(model: ModelSpec, tp: int, dtype: str) -> float:
 
     Two RMSNorms (read + write hidden), two residual adds (read two, write one), RoPE on the
     query and key heads (read + write), the gated activation (read two, write one), and the
-    KV-cache write; only the roofline that extrapolation relaxes to uses it.
+    KV-cache write. Calibration scales a proxy's elementwise times by its ratio (the dtype
+    cancels); the roofline that extrapolation relaxes to prices what RooflineCostModel does
+    (``elementwise_roofline``).
     """
     hidden = model.hidden_size
     g = model.layer_groups[0]
@@ -541,29 +549,29 @@ def elementwise_bytes_per_token(model: ModelSpec, tp: int, dtype: str) -> float:
 
 
 # -- rooflines per family ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Rates:
-    flops_per_s: float
-    bytes_per_s: float
-
-
-def _rates(profile: HardwareProfile, dtype: str) -> _Rates:
-    gpu = profile.gpu
-    peak = gpu.peak_flops_per_s.get(dtype, gpu.peak_flops_per_s.get("bf16"))
-    if peak is None:
-        peak = max(gpu.peak_flops_per_s.values())
-    eff = profile.efficiency
-    return _Rates(peak * eff.compute, gpu.hbm_bandwidth_bytes_per_s * eff.memory)
-
-
-def gemm_roofline(shape: GemmShape | GemmTable, rates: _Rates, wbytes: float) -> Roofline:
-    """Seconds of ``m x k @ k x n`` at ``m`` rows: compute or weight/activation traffic."""
+# Outside the measured range each family relaxes to the same kernel terms as RooflineCostModel
+# (kvsim.hardware.kernels: fixed cost per kernel, soft ridge, attention's and elementwise
+# efficiencies), so the two models agree where nothing was measured.
+def gemm_roofline(shape: GemmShape | GemmTable, rates: KernelRates, wbytes: float) -> Roofline:
+    """Seconds of one ``m x k @ k x n`` kernel at ``m`` rows: its fixed cost plus the soft
+    roofline of its FLOPs and its weight and activation traffic."""
     k, n = shape.k, shape.n
 
     def seconds(m: np.ndarray) -> np.ndarray:
         flops = 2.0 * m * k * n
         nbytes = (k * n + m * (k + n)) * wbytes
-        return np.maximum(flops / rates.flops_per_s, nbytes / rates.bytes_per_s)
+        return np.asarray(rates.gemm_s(flops, nbytes))
+
+    return seconds
+
+
+def elementwise_roofline(model: ModelSpec, tp: int, rates: KernelRates) -> Roofline:
+    """Seconds of one layer's elementwise kernels at ``t`` tokens, as RooflineCostModel prices
+    them (its bytes per token, bf16 activations, ``ELEMENTWISE_KERNELS_PER_LAYER`` kernels)."""
+    per_layer = model_elementwise_bytes_per_token(model, tp, 2.0) / max(model.num_layers, 1)
+
+    def seconds(t: np.ndarray) -> np.ndarray:
+        return np.asarray(rates.elementwise_s(t * per_layer, ELEMENTWISE_KERNELS_PER_LAYER))
 
     return seconds
 
@@ -589,25 +597,25 @@ class _Attention:
         width = g.kv_lora_rank + g.qk_rope_head_dim if g.kind == "mla" else g.head_dim_k
         self.q_bytes_per_token = 2.0 * heads * width * 2  # query in, output out (bf16)
 
-    def prefill_roofline(self, rates: _Rates) -> Roofline:
+    def prefill_roofline(self, rates: KernelRates) -> Roofline:
         """Seconds of one layer vs pairs, for a prompt with no prefix (context = 0)."""
 
         def seconds(pairs: np.ndarray) -> np.ndarray:
             new = (np.sqrt(8 * pairs + 1) - 1) / 2  # invert pairs = new (new + 1) / 2
             flops = pairs * self.prefill_fpp
             nbytes = new * (self.kv_bpt + self.q_bytes_per_token)
-            return np.maximum(flops / rates.flops_per_s, nbytes / rates.bytes_per_s)
+            return np.asarray(rates.attention_s(flops, nbytes))
 
         return seconds
 
-    def decode_roofline(self, rates: _Rates) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    def decode_roofline(self, rates: KernelRates) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
         """Seconds of one layer for ``batch`` sequences each attending ``context + 1`` keys."""
 
         def seconds(batch: np.ndarray, context: np.ndarray) -> np.ndarray:
             keys = batch * (context + 1)
             flops = keys * self.decode_fpp
             nbytes = keys * self.kv_bpt + batch * self.q_bytes_per_token
-            return np.maximum(flops / rates.flops_per_s, nbytes / rates.bytes_per_s)
+            return np.asarray(rates.attention_s(flops, nbytes))
 
         return seconds
 
@@ -649,15 +657,14 @@ class MeasuredCostModel(ChunkedPrefill):
         self.roofline = RooflineCostModel(
             model, profile, tp=tp, kv_dtype=kv_dtype, weight_dtype=weight_dtype
         )
-        rates = _rates(profile, weight_dtype)
+        rates = self.roofline.rates  # the roofline's kernel terms, at its compute dtype
         wbytes = weight_dtype_bytes(weight_dtype)
         self.layers = model.num_layers
         self.gemm = [
             (g.calls, g.per == "sequence", _curve(g.curve, gemm_roofline(g, rates, wbytes)))
             for g in tables.gemm.values()
         ]
-        ew_bytes = elementwise_bytes_per_token(model, tp, weight_dtype)
-        self.elementwise = _curve(tables.elementwise, lambda t: t * ew_bytes / rates.bytes_per_s)
+        self.elementwise = _curve(tables.elementwise, elementwise_roofline(model, tp, rates))
         att = _Attention(model, tp, kv_dtype)
         self.att = att
         self.prefill = _prefill_curve(tables.prefill, att.prefill_roofline(rates))
