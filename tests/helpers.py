@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvsim.hardware.profile import HardwareProfile
 from kvsim.traces.schema import KIND_CODES, Trace, make_trace_table
 
 
@@ -58,3 +60,10 @@ def make_trace(reqs: Sequence[Req], name: str = "test") -> Trace:
         description="hand-made test trace",
     )
     return Trace.from_table(table)
+
+
+def without_front_end(profile: HardwareProfile) -> HardwareProfile:
+    """``profile`` with no per-request front-end overhead, for tests whose expected times are
+    the cost model's and the tiers' alone."""
+    eff = dataclasses.replace(profile.efficiency, request_overhead_s=0.0)
+    return dataclasses.replace(profile, efficiency=eff)

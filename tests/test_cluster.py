@@ -262,7 +262,7 @@ def test_lone_pd_request_ttft_is_prefill_transfer_first_decode_step():
     nvlink = PROFILE.gpu.interconnect_bandwidth_bytes_per_s
     transfer = PROFILE.tier("hbm").latency_s + nbytes / nvlink
     first_step = cost.iteration_time_s([], [tokens - 1])
-    expected = cost.prefill_time_s(tokens) + transfer + first_step
+    expected = cost.request_overhead_s + cost.prefill_time_s(tokens) + transfer + first_step
     assert rows["ttft_s"][0] == pytest.approx(expected, rel=1e-9)
     assert rows["replica"] == [1]  # it finished on the decode replica
     assert result.links["pd_nvlink"]["bytes_read"] == nbytes

@@ -31,14 +31,15 @@ def run(reqs, **engine):
 def test_lone_request_ttft_equals_prefill_time():
     cost = RooflineCostModel(MODEL, PROFILE)
     _, rows = run([Req([(1, 3000)], output_tokens=1)])
-    assert rows["ttft_s"][0] == pytest.approx(cost.prefill_time_s(3000), rel=1e-12)
+    front_end = cost.request_overhead_s  # API server and tokenisation, before the queue
+    assert rows["ttft_s"][0] == pytest.approx(cost.prefill_time_s(3000) + front_end, rel=1e-12)
 
 
 def test_lone_request_chunked_prefill_sums_chunks():
     cost = RooflineCostModel(MODEL, PROFILE)
     _, rows = run([Req([(1, 5000)], output_tokens=1)], max_num_batched_tokens=2048)
     expected = cost.prefill_time_s(5000, chunk=2048)
-    assert rows["ttft_s"][0] == pytest.approx(expected, rel=1e-12)
+    assert rows["ttft_s"][0] == pytest.approx(expected + cost.request_overhead_s, rel=1e-12)
     # three chunks cost more than one pass of the same tokens: each re-reads the weights
     assert expected > cost.prefill_time_s(5000)
 
@@ -47,7 +48,8 @@ def test_lone_request_e2e_is_prefill_plus_decode_steps():
     cost = RooflineCostModel(MODEL, PROFILE)
     _, rows = run([Req([(1, 1000)], output_tokens=50)])
     decode = cost.decode_run_ends_s(np.array([1000.0]), 49)[-1]
-    assert rows["e2e_s"][0] == pytest.approx(cost.prefill_time_s(1000) + decode, rel=1e-9)
+    e2e = cost.request_overhead_s + cost.prefill_time_s(1000) + decode
+    assert rows["e2e_s"][0] == pytest.approx(e2e, rel=1e-9)
     assert rows["tpot_s"][0] == pytest.approx(decode / 49, rel=1e-9)
 
 

@@ -132,9 +132,12 @@ def test_tensor_parallel_decode_pays_allreduce_latency() -> None:
 
 def test_request_overhead_delays_a_lone_request_by_exactly_itself() -> None:
     model = load_model("llama-3.1-8b")
-    base = load_profile("h100-sxm")
-    slow = dataclasses.replace(
-        base, efficiency=dataclasses.replace(base.efficiency, request_overhead_s=0.025)
+    shipped = load_profile("h100-sxm")
+    base, slow = (
+        dataclasses.replace(
+            shipped, efficiency=dataclasses.replace(shipped.efficiency, request_overhead_s=s)
+        )
+        for s in (0.0, 0.025)
     )
     trace = make_trace([Req([(1, 300)], 20, arrival_s=0.0)])
     a = simulate(trace, model, base, EngineConfig()).requests.to_pydict()

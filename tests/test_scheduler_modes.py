@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import Req, make_trace
+from helpers import Req, make_trace, without_front_end
 
 from kvsim.engine import EngineConfig, simulate
 from kvsim.errors import ConfigError
@@ -14,7 +14,9 @@ from kvsim.hardware.measured import make_cost_model
 from kvsim.models import load_model
 
 MODEL = load_model("llama-3.1-8b")
-PROFILE = load_profile("h100-sxm")
+# the front end's per-request overhead shifts every request alike; without it the times below
+# are the cost model's iterations exactly
+PROFILE = without_front_end(load_profile("h100-sxm"))
 
 
 def run(reqs, **engine):
@@ -64,6 +66,13 @@ def test_unchunked_prefill_waits_for_room_for_the_whole_prompt() -> None:
     # chunked: B's first 3192 tokens share A's iteration, so A's first token comes later
     assert chunked["ttft_s"][0] == pytest.approx(cost.iteration_time_s([(5000, 0), (3192, 0)], []))
     assert chunked["ttft_s"][0] > whole["ttft_s"][0]
+
+
+def test_a_prompt_longer_than_the_budget_is_chunked_even_unchunked() -> None:
+    # it could never fit whole: it must still start (and finish) beside a decoding request
+    reqs = [Req([(1, 100)], 400, arrival_s=0.0), Req([(2, 20000)], 5, arrival_s=0.01)]
+    whole = run(reqs, chunked_prefill=False)
+    assert whole["first_token_s"][1] < whole["finish_s"][0]
 
 
 def test_bad_scheduler_settings_are_refused() -> None:

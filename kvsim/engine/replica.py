@@ -195,6 +195,14 @@ class Replica:
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
+    def _waits_to_fit_whole(self, prompt: int, n: int) -> bool:
+        """Without chunked prefill a prompt that does not fit beside the batch (only ``n`` of
+        its ``prompt`` tokens would) waits for the next iteration; one longer than any
+        iteration's budget could never fit whole and is chunked anyway."""
+        if self.config.chunked_prefill or n >= prompt:
+            return False
+        return prompt <= self.config.max_num_batched_tokens
+
     def _reservation(self, req: Request, need: int) -> int:
         """Blocks that must stay free beyond ``need`` for ``req`` to start: none when only the
         prompt is reserved; with ``kv_reservation = full`` (TensorRT-LLM's GUARANTEED_NO_EVICT)
@@ -258,8 +266,8 @@ class Replica:
             hit, evictable, load, n, need = plan
             if need + evictable + self._reservation(req, need) > pool.available:
                 break
-            if not self.config.chunked_prefill and batch and n < req.known - hit * bs:
-                break  # the whole prompt does not fit beside the batch: next iteration
+            if batch and self._waits_to_fit_whole(req.known - hit * bs, n):
+                break
             first_layer_s = -1.0
             if load and self.overlap == "layerwise":  # estimated on the links before it starts
                 assert kv.hierarchy is not None
