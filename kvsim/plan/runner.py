@@ -1,0 +1,112 @@
+"""How a plan runs its simulations: a callable from configs to their summaries, in order.
+
+The search never calls the engine itself; it hands each round's independent runs to a `Runner`,
+so the same plan runs serially here, on a local process pool or on a Ray cluster (kvsim.sweep's
+executors). `CachedRunner` sits in front of any of them: a configuration the plan already ran
+(two stages reaching the same deployment) is answered from memory, and only the figures the plan
+reads are kept, so memory stays small over hundreds of runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvsim.errors import KvsimError
+from kvsim.run import RunConfig
+
+Summary = dict[str, Any]
+#: Runs configs (independent of each other, in any order or at once) and returns their
+#: summaries in the order given; a run that fails on bad input returns {"error": "one line"}.
+Runner = Callable[[Sequence[RunConfig]], list[Summary]]
+
+#: Summary keys a plan reads (the rest of a run's summary is dropped once it has run).
+KEPT = (
+    "requests",
+    "completed",
+    "ttft_p99_s",
+    "tpot_p99_s",
+    "goodput_tokens_per_s",
+    "slo_attainment",
+    "prefix_hit_ratio",
+    "hit_ratio_by_tier",
+    "cost_per_million_tokens_usd",
+    "simulated_s",
+    "wall_s",
+    "error",
+)
+
+
+def serial_runner(configs: Sequence[RunConfig]) -> list[Summary]:
+    """One run after another in this process (kvsim.run.run)."""
+    from kvsim.run import run
+
+    out: list[Summary] = []
+    for config in configs:
+        try:
+            out.append(run(config).summary)
+        except KvsimError as exc:
+            out.append({"error": str(exc)})
+    return out
+
+
+class CachedRunner:
+    """A runner that runs each distinct config once, and counts runs and rounds."""
+
+    def __init__(self, runner: Runner, on_round: Callable[[int, int], None] | None = None) -> None:
+        self.runner = runner
+        self.on_round = on_round  # (runs in this round, runs so far)
+        self.cache: dict[RunConfig, Summary] = {}
+        self.runs = 0
+        self.rounds = 0
+
+    def __call__(self, configs: Sequence[RunConfig]) -> list[Summary]:
+        new = [c for c in dict.fromkeys(configs) if c not in self.cache]
+        if new:
+            results = self.runner(new)
+            if len(results) != len(new):
+                raise RuntimeError(f"runner returned {len(results)} summaries for {len(new)} runs")
+            for config, summary in zip(new, results, strict=True):
+                self.cache[config] = {k: summary[k] for k in KEPT if k in summary}
+            self.runs += len(new)
+            self.rounds += 1
+            if self.on_round:
+                self.on_round(len(new), self.runs)
+        return [self.cache[c] for c in configs]
+
+
+def sweep_available() -> bool:
+    """True when kvsim.sweep (the pool and Ray executors) is installed in this build."""
+    import importlib.util
+
+    return importlib.util.find_spec("kvsim.sweep") is not None
+
+
+class SweepRunner:
+    """A runner on kvsim.sweep's executors, kept open for the whole plan (workers keep traces).
+
+    Use as a context manager; ``executor`` is 'local' (a process pool of `jobs`, this process
+    for one job) or 'ray' (a local Ray, or the cluster at `ray_address`).
+    """
+
+    def __init__(self, executor: str, jobs: int | None = None, ray_address: str | None = None):
+        from kvsim.sweep import open_executor
+
+        self._executor = open_executor(executor, jobs=jobs, ray_address=ray_address)
+
+    def __call__(self, configs: Sequence[RunConfig]) -> list[Summary]:
+        from kvsim.sweep import run_many
+
+        results = run_many(configs, executor=self._executor, progress=False)
+        return [
+            r.summary if r.ok and r.summary is not None else {"error": r.error} for r in results
+        ]
+
+    def close(self) -> None:
+        self._executor.close()
+
+    def __enter__(self) -> SweepRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
