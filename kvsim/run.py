@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvsim import __version__, tomlwrite
@@ -63,7 +64,7 @@ from kvsim.models import load_model
 from kvsim.models.dtypes import weight_dtype_bytes
 from kvsim.policies import make_policy
 from kvsim.textio import read_utf8
-from kvsim.traces import load_trace
+from kvsim.traces import Trace, load_trace
 from kvsim.units import format_bytes
 
 #: The file written last into a results folder: without it the folder is not a finished run.
@@ -252,8 +253,30 @@ def resolve_weight_dtype(config: RunConfig, native: str) -> str:
     return config.engine.weight_dtype if config.engine.weight_dtype != default else native
 
 
-def run(config: RunConfig, progress: ProgressFn | None = None) -> RunOutcome:
-    """Load everything the config names, simulate, and summarise. Raises KvsimError on bad input."""
+def trace_options(config: RunConfig) -> dict[str, Any]:
+    """`load_trace`'s keyword arguments for a config: two configs with equal options (and the
+    same ``config.trace``) replay the same trace, so a sweep worker can load it once."""
+    return {
+        "max_requests": config.max_requests,
+        "rate": config.rate,
+        "rate_scale": config.rate_scale,
+        "seed": config.engine.seed,
+        "arrival": config.arrival,
+        "cv": config.cv,
+        "format": config.trace_format,
+        "tokenizer": config.tokenizer,
+        "skip_bad_rows": config.skip_bad_rows,
+    }
+
+
+def run(
+    config: RunConfig, progress: ProgressFn | None = None, *, trace: Trace | None = None
+) -> RunOutcome:
+    """Load everything the config names, simulate, and summarise. Raises KvsimError on bad input.
+
+    `trace`, when given, must be ``load_trace(config.trace, **trace_options(config))``, loaded
+    earlier (kvsim.sweep reuses one per worker); otherwise it is loaded here.
+    """
     check_config(config)
     slo = Slo(config.slo_ttft_s, config.slo_tpot_s)
     model = load_model(config.model)
@@ -264,18 +287,8 @@ def run(config: RunConfig, progress: ProgressFn | None = None) -> RunOutcome:
         engine=dataclasses.replace(config.engine, weight_dtype=weight_dtype),
     )
     profile = load_profile(config.hardware)
-    trace = load_trace(
-        config.trace,
-        max_requests=config.max_requests,
-        rate=config.rate,
-        rate_scale=config.rate_scale,
-        seed=config.engine.seed,
-        arrival=config.arrival,
-        cv=config.cv,
-        format=config.trace_format,
-        tokenizer=config.tokenizer,
-        skip_bad_rows=config.skip_bad_rows,
-    )
+    if trace is None:
+        trace = load_trace(config.trace, **trace_options(config))
     result = simulate(trace, model, profile, config.engine, progress=progress)
     summary: dict[str, Any] = {
         "trace": config.trace,
@@ -532,13 +545,22 @@ class ResultsFolder:
     def write(self, outcome: RunOutcome) -> Path:
         """Write every result into the temporary folder, ``COMPLETE`` last, then rename it into
         place. Raises ConfigError (the temporary folder removed) when a write fails."""
+        tables = {"requests.parquet": outcome.result.requests}
+        if outcome.result.timeline is not None:
+            tables["timeline.parquet"] = outcome.result.timeline
+        return self.write_files(outcome.config, outcome.summary, tables)
+
+    def write_files(
+        self, config: RunConfig, summary: dict[str, Any], tables: dict[str, pa.Table]
+    ) -> Path:
+        """`write` with the Parquet tables chosen by the caller (a sweep may keep none of them):
+        each of `tables` (named from RESULT_FILES), config.toml, summary.json, ``COMPLETE``."""
         tmp = self.tmp
         try:
-            pq.write_table(outcome.result.requests, tmp / "requests.parquet")
-            if outcome.result.timeline is not None:
-                pq.write_table(outcome.result.timeline, tmp / "timeline.parquet")
-            (tmp / "config.toml").write_text(tomlwrite.dumps(outcome.config.as_dict()))
-            (tmp / "summary.json").write_text(summary_json(outcome.summary, indent=2) + "\n")
+            for name, table in tables.items():
+                pq.write_table(table, tmp / name)
+            (tmp / "config.toml").write_text(tomlwrite.dumps(config.as_dict()))
+            (tmp / "summary.json").write_text(summary_json(summary, indent=2) + "\n")
             (tmp / COMPLETE_MARKER).write_text(
                 f"kvsim {__version__}: every result file in this folder was written\n"
             )
