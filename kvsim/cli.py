@@ -385,6 +385,69 @@ def run(
         raise KvsimError(f"{summary['run_warnings'][0]} (results in {out_dir})")
 
 
+# -- kvsim sweep -----------------------------------------------------------------------------------
+@cli.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+@click.option(
+    "--out", required=True, type=click.Path(file_okay=False), help="Sweep folder (resumable)."
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="local: a process pool; ray: a Ray cluster (pip install 'kvsim[ray]').",
+)
+@click.option("-j", "--jobs", type=int, help="Parallel workers. [default: the CPU count]")
+@click.option("--ray-address", help="Join this Ray cluster. [default: start a local Ray]")
+@click.option(
+    "--keep-requests", is_flag=True, help="Also keep each run's requests and timeline Parquet."
+)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def sweep(
+    spec: str,
+    out: str,
+    executor: str,
+    jobs: int | None,
+    ray_address: str | None,
+    keep_requests: bool,
+    quiet: bool,
+) -> None:
+    """Run every configuration of SPEC.toml and write DIR/results.parquet, one row each.
+
+    Finished configurations in --out are not run again, so an interrupted sweep resumes. A
+    configuration that fails is recorded with its error; the sweep then exits 2.
+    """
+    from kvsim.sweep import RESULTS_FILE, load_spec, open_executor, run_sweep
+    from kvsim.sweep.table import format_results
+
+    configurations = load_spec(spec)  # every configuration checked before anything runs
+    if ray_address is not None and executor != "ray":
+        raise KvsimError("--ray-address: only with --executor ray")
+    with open_executor(executor, jobs=jobs, ray_address=ray_address) as pool:
+        results = run_sweep(
+            configurations,
+            out,
+            spec_file=spec,
+            executor=pool,
+            keep_requests=keep_requests,
+            progress=not quiet,
+        )
+    click.echo(format_results(results))
+    failed = [r for r in results if not r.ok]
+    resumed = sum(r.resumed for r in results)
+    table = Path(out) / RESULTS_FILE
+    click.echo(
+        f"{len(results)} configurations ({resumed} resumed, {len(failed)} failed); "
+        f"results in {table}"
+    )
+    if failed:
+        raise KvsimError(
+            f"{len(failed)} of {len(results)} configurations failed (first: {failed[0].id}: "
+            f"{failed[0].error}); their errors are in {table}"
+        )
+
+
 # -- kvsim size ------------------------------------------------------------------------------------
 @cli.command()
 @click.option("--model", required=True, help="Catalog model name or model TOML.")
