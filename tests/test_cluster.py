@@ -137,12 +137,12 @@ def test_cluster_invariants(case):
     reqs, engine = case
     submitted: dict[int, int] = {}
     checks = []
-    enqueue, complete = Replica.enqueue, Replica._complete
+    claim, complete = Replica._claim, Replica._complete
 
-    def counting_enqueue(self, request):
+    def counting_claim(self, request):  # a replica takes a request on: submitted or handed on
         if request.handoff is None or request.handoff == "prefill":
             submitted[request.index] = submitted.get(request.index, 0) + 1
-        enqueue(self, request)
+        claim(self, request)
 
     def checked_complete(self, batch):
         complete(self, batch)
@@ -152,12 +152,12 @@ def test_cluster_invariants(case):
             self.hierarchy.check()  # capacity and conservation, shared tiers included
         checks.append(1)
 
-    replica_module.Replica.enqueue = counting_enqueue
+    replica_module.Replica._claim = counting_claim
     replica_module.Replica._complete = checked_complete
     try:
         result, rows = sim(reqs, **engine)
     finally:
-        replica_module.Replica.enqueue = enqueue
+        replica_module.Replica._claim = claim
         replica_module.Replica._complete = complete
     capacity = engine["num_gpu_blocks"] * engine["block_size"]
     for row, i in enumerate(rows["request_id"]):
@@ -397,3 +397,31 @@ def test_cluster_run_on_the_command_line(tmp_path):
     assert set(table.column("replica").to_pylist()) == {0, 1, 2}
     timeline = pq.read_table(out / "timeline.parquet")
     assert {"r0_waiting", "r2_hbm_used_blocks"} <= set(timeline.column_names)
+
+
+# -- routing sees the whole load ---------------------------------------------------------------
+def test_a_burst_still_in_the_front_end_is_spread_by_load_aware_routers():
+    # four prompts arrive together; while each spends the front end's overhead before queueing,
+    # the router must already count it, or all four go to the first idle replica
+    assert PROFILE.efficiency.request_overhead_s > 0
+    reqs = [Req([(i + 1, 2000)], 10, arrival_s=0.0) for i in range(4)]
+    for router in ("min-ttft", "least-loaded"):
+        _, rows = sim(reqs, replicas=4, router=router)
+        assert sorted(rows["replica"]) == [0, 1, 2, 3], router
+
+
+def test_min_ttft_prices_a_prefill_beside_the_replicas_running_decodes():
+    from kvsim.engine.cluster import batch_prefill_s
+    from kvsim.routers import ReplicaLoad
+
+    cost = RooflineCostModel(MODEL, PROFILE)
+
+    def load(running: int) -> ReplicaLoad:
+        return ReplicaLoad(0, 0, "mixed", 0, running, 0, running * 64, 0.5, 10_000)
+
+    idle = batch_prefill_s(cost, load(0), 3000, 0, 8192, 16)
+    busy = batch_prefill_s(cost, load(200), 3000, 0, 8192, 16)
+    assert idle == pytest.approx(cost.prefill_time_s(3000, 0, 8192))
+    # one iteration of 3000 new tokens beside 200 decodes of 1024 tokens of context each
+    assert busy == pytest.approx(cost.iteration_time_s([(3000, 0)], [1024] * 200))
+    assert busy > idle

@@ -45,6 +45,27 @@ def node_of(index: int, tp: int, gpus_per_node: int) -> int:
     return index * tp // gpus_per_node
 
 
+def batch_prefill_s(
+    cost: CostModel, load: ReplicaLoad, tokens: int, context: int, chunk: int, block_size: int
+) -> float:
+    """Seconds to prefill `tokens` after `context` on a replica as loaded: every chunk's iteration
+    also carries the decode steps of its running requests (at their mean context), as aggregated
+    serving runs them. Mooncake's estimate is for prefill-only instances, whose batch is empty;
+    priced alone, a busy replica holding the prefix looks faster than an idle one without it."""
+    if tokens <= 0:
+        return 0.0
+    running = load.running if load.role != "prefill" else 0
+    decode = np.full(running, load.decode_blocks * block_size // max(running, 1), dtype=np.float64)
+    room = max(chunk - running, 1)
+    total = 0.0
+    done = 0
+    while done < tokens:
+        n = min(room, tokens - done)
+        total += cost.iteration_time_s([(n, context + done)], decode)
+        done += n
+    return total
+
+
 class CacheView:
     """The cluster as routers see it: live, or snapshots refreshed every `refresh_s`."""
 
@@ -99,13 +120,15 @@ class CacheView:
         return found
 
     def queue_s(self, replica: int) -> float:
-        tokens = self.loads[replica].prefill_tokens
-        return self.cost.prefill_time_s(tokens, 0, self.chunk_tokens) if tokens > 0 else 0.0
+        return self.batch_prefill_s(self.loads[replica], self.loads[replica].prefill_tokens, 0)
 
     def prefill_s(self, replica: int, tokens: int, context: int) -> float:
-        if tokens <= 0:
-            return 0.0
-        return self.cost.prefill_time_s(tokens, context, self.chunk_tokens)
+        return self.batch_prefill_s(self.loads[replica], tokens, context)
+
+    def batch_prefill_s(self, load: ReplicaLoad, tokens: int, context: int) -> float:
+        return batch_prefill_s(
+            self.cost, load, tokens, context, self.chunk_tokens, self.replicas[0].block_size
+        )
 
     def load_s(self, replica: int, match: PrefixMatch) -> float:
         hierarchy = self.replicas[replica].hierarchy
@@ -164,7 +187,7 @@ class CacheView:
             index=replica.index,
             node=replica.node,
             role=replica.role,
-            waiting=len(replica.waiting),
+            waiting=len(replica.waiting) + replica.arriving,
             running=running,
             prefill_tokens=max(replica.outstanding_tokens - len(replica.running), 0),
             decode_blocks=pool.used,
@@ -205,11 +228,11 @@ class LiveView:
         return self.view.live_match(replica, request)
 
     def queue_s(self, replica: int) -> float:
-        tokens = self.loads[replica].prefill_tokens
-        return self.view.prefill_s(replica, tokens, 0)
+        load = self.loads[replica]
+        return self.view.batch_prefill_s(load, load.prefill_tokens, 0)
 
     def prefill_s(self, replica: int, tokens: int, context: int) -> float:
-        return self.view.prefill_s(replica, tokens, context)
+        return self.view.batch_prefill_s(self.loads[replica], tokens, context)
 
     def load_s(self, replica: int, match: PrefixMatch) -> float:
         return self.view.load_s(replica, match)

@@ -83,6 +83,7 @@ class Replica:
         self.on_prefilled: Callable[[Request, BlockTable], None] | None = None
         self.pull: Callable[[Request, int], simpy.Event] | None = None
         self.outstanding_tokens = 0  # tokens requests here still have to compute (for routers)
+        self.arriving = 0  # requests in the front end, not queued yet (for routers)
         self.block_size = config.block_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -108,23 +109,32 @@ class Replica:
     # -- arrivals ----------------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
         """A new request arrives: after the serving front end's per-request work (API server,
-        tokenisation: the profile's ``request_overhead_s``) it joins the queue."""
+        tokenisation: the profile's ``request_overhead_s``) it joins the queue. Routers see it
+        here from the start (in `arriving`), or a burst would all be sent to one idle replica."""
         request.arrival_s = self.env.now
         if self.cost.request_overhead_s > 0:
+            self._claim(request)
+            self.arriving += 1
             self.env.process(self._after_front_end(request))
         else:
             self.enqueue(request)
 
     def _after_front_end(self, request: Request):
         yield self.env.timeout(self.cost.request_overhead_s)
-        self.enqueue(request)
+        self.arriving -= 1
+        self.waiting.append(request)
+        self._notify()
 
     def enqueue(self, request: Request) -> None:
         """Queue a request that has already arrived (e.g. handed on by a prefill replica)."""
-        request.replica = self.index
-        self.outstanding_tokens += request.known - request.computed
+        self._claim(request)
         self.waiting.append(request)
         self._notify()
+
+    def _claim(self, request: Request) -> None:
+        """`request` is this replica's: its tokens to compute count in the load routers see."""
+        request.replica = self.index
+        self.outstanding_tokens += request.known - request.computed
 
     def wake(self) -> None:
         """Blocks were freed from outside the scheduler (a P/D pull finished): look again."""
