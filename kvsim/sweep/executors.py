@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -92,7 +93,9 @@ class LocalExecutor(Executor):
             return
         if self._pool is None:
             context = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=context)
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.jobs, mp_context=context, initializer=_ignore_interrupts
+            )
         pending = {self._pool.submit(run_task, task) for task in tasks}
         try:
             while pending:
@@ -100,19 +103,36 @@ class LocalExecutor(Executor):
                 for future in done:
                     yield future.result()
         except BrokenProcessPool:
-            self.close()
+            self._stop()
             raise SweepError(
                 "a worker process died (killed by the OS, perhaps for memory); configurations "
                 "that finished are saved, and rerunning the sweep resumes from them"
             ) from None
+        except BaseException:  # Ctrl-C, or the caller stopped: do not wait for running tasks
+            self._stop()
+            raise
         finally:
             for future in pending:
                 future.cancel()
+
+    def _stop(self) -> None:
+        """End the workers now, abandoning what they run."""
+        if self._pool is None:
+            return
+        for process in list(getattr(self._pool, "_processes", {}).values()):
+            process.terminate()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = None
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def _ignore_interrupts() -> None:
+    """Pool workers leave Ctrl-C to the parent, which stops them (no traceback per worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class RayExecutor(Executor):
