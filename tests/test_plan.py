@@ -230,3 +230,25 @@ def test_json_output_shape_and_plots(capsys, tmp_path):
         "ttft_pareto.png",
     ]
     assert json.loads((out / "plan.json").read_text())["frontier"] == doc["frontier"]
+
+
+def test_sweep_pool_gives_the_serial_plan():
+    from kvsim.plan import SweepRunner
+
+    settings = PlanSettings(
+        RunConfig(trace=TRACE, max_requests=30), SLO_TTFT, SLO_TPOT, routers=("round-robin",),
+        max_replicas=8, search_tiers=("nvme",), pd_shares=(),
+    )  # fmt: skip
+    rates = resolve_rates(parse_rates("1x,2x"), 1.0)
+    serial = run_plan(settings, rates, serial_runner)
+    with SweepRunner("local", jobs=2) as pool:
+        pooled = run_plan(settings, rates, pool)
+    assert serial.runs == pooled.runs > 0
+
+    def figures(result):
+        doc = result.as_dict()
+        return doc["frontier"], [
+            {k: v for k, v in e.items() if k != "wall_s"} for e in doc["evaluated"]
+        ]
+
+    assert figures(serial) == figures(pooled)

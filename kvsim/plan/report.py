@@ -98,8 +98,10 @@ def write_plots(result: PlanResult, out: Path) -> list[Path]:
     ax.plot(xs, ys, marker="o")
     for p in feasible:
         assert p.winner is not None
+        d = p.winner.deployment
+        split = f", P/D {d.pd[0]}:{d.pd[1]}" if d.pd else ""
         ax.annotate(
-            f"{p.rate.label}: {p.winner.deployment.replicas}× {p.winner.deployment.router}",
+            f"{p.rate.label}: {d.replicas}× {d.router}{split}",
             (p.rate.requests_per_s, p.winner.cost),
             textcoords="offset points",
             xytext=(4, 6),
@@ -110,7 +112,7 @@ def write_plots(result: PlanResult, out: Path) -> list[Path]:
     ax.set_title(title + (f" (none meets at {', '.join(missing)})" if missing else ""), fontsize=10)
     ax.set_xlabel("offered load (requests/s)")
     ax.set_ylabel("$ per million tokens")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(bottom=0, top=max(ys, default=1.0) * 1.2)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(paths[0], dpi=120)

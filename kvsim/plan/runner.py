@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvsim.errors import KvsimError
-from kvsim.run import RunConfig
+from kvsim.run import RunConfig, json_safe
 
 Summary = dict[str, Any]
 #: Runs configs (independent of each other, in any order or at once) and returns their
@@ -67,7 +67,8 @@ class CachedRunner:
             if len(results) != len(new):
                 raise RuntimeError(f"runner returned {len(results)} summaries for {len(new)} runs")
             for config, summary in zip(new, results, strict=True):
-                self.cache[config] = {k: summary[k] for k in KEPT if k in summary}
+                # NaN as None, as kvsim.sweep returns it, so every runner gives equal figures
+                self.cache[config] = json_safe({k: summary[k] for k in KEPT if k in summary})
             self.runs += len(new)
             self.rounds += 1
             if self.on_round:
