@@ -573,11 +573,13 @@ def _register_subcommands() -> None:
     from kvsim.calibrate.cli import calibrate
     from kvsim.mrc.cli import mrc
     from kvsim.plan.cli import plan
+    from kvsim.report.cli import report
     from kvsim.traces.cli import trace
 
     cli.add_command(calibrate)
     cli.add_command(mrc)
     cli.add_command(plan)
+    cli.add_command(report)
     cli.add_command(trace)
 
 

@@ -1,0 +1,26 @@
+"""`kvsim report`: the click layer over `kvsim.report.write_report`."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command()
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--html", is_flag=True, help="One self-contained report.html, images embedded.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    help="Folder for the report. [default: FOLDER/report]",
+)
+def report(folder: str, html: bool, out: str | None) -> None:
+    """Figures and a summary page for a run's folder (kvsim run --out) or a sweep's.
+
+    A run gets TTFT/TPOT CDFs, throughput and queues over time, tier occupancy, bytes per
+    link, hit ratio and attribution, cost, and per-replica load; a sweep one figure per
+    varied key. Writes report.md with PNGs beside it, or report.html with --html.
+    """
+    from kvsim.report import write_report
+
+    page = write_report(folder, out, html=html)
+    click.echo(f"report written to {page}")
