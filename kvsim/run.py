@@ -65,6 +65,7 @@ from kvsim.models.dtypes import weight_dtype_bytes
 from kvsim.policies import make_policy
 from kvsim.textio import read_utf8
 from kvsim.traces import Trace, load_trace
+from kvsim.traces.registry import run_requests
 from kvsim.units import format_bytes
 
 #: The file written last into a results folder: without it the folder is not a finished run.
@@ -253,11 +254,20 @@ def resolve_weight_dtype(config: RunConfig, native: str) -> str:
     return config.engine.weight_dtype if config.engine.weight_dtype != default else native
 
 
+def default_length(config: RunConfig) -> RunConfig:
+    """`config` with ``max_requests`` set to its trace's default run length when it names none
+    (a built-in trace too long to replay in seconds runs its first N requests; see
+    `kvsim.traces.registry.TraceInfo.run_requests`)."""
+    if config.max_requests is not None:
+        return config
+    return dataclasses.replace(config, max_requests=run_requests(config.trace))
+
+
 def trace_options(config: RunConfig) -> dict[str, Any]:
     """`load_trace`'s keyword arguments for a config: two configs with equal options (and the
     same ``config.trace``) replay the same trace, so a sweep worker can load it once."""
     return {
-        "max_requests": config.max_requests,
+        "max_requests": default_length(config).max_requests,
         "rate": config.rate,
         "rate_scale": config.rate_scale,
         "seed": config.engine.seed,
@@ -278,6 +288,7 @@ def run(
     earlier (kvsim.sweep reuses one per worker); otherwise it is loaded here.
     """
     check_config(config)
+    config = default_length(config)
     slo = Slo(config.slo_ttft_s, config.slo_tpot_s)
     model = load_model(config.model)
     weight_dtype = resolve_weight_dtype(config, model.weight_dtype)

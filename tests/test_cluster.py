@@ -53,6 +53,7 @@ BEFORE_CLUSTERS = {
     "agentic-tiers": (
         RunConfig(
             trace="agentic",
+            rate=0.1,  # agentic's default rate when this digest was taken (issue 13 doubled it)
             hardware=PINNED_PROFILE,
             max_requests=300,
             engine=EngineConfig(num_gpu_blocks=2500, tiers="hbm,dram,nvme,rdma"),

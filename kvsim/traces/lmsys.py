@@ -60,8 +60,10 @@ def _lognormal(mean: float, std: float) -> tuple[float, float]:
 class LmsysParams:
     """Generator knobs; defaults are the published LMSYS-Chat-1M figures or stated assumptions."""
 
-    sessions: int = field(default=500, metadata={"help": "conversations (~1000 requests)"})
-    rate: float = field(default=1.0, metadata={"help": "session arrival rate, sessions/s"})
+    # Default scenario: ~4,000 requests whose KV outgrows llama-3.1-8b's HBM on an h100-sxm
+    # after about 3 simulated minutes, so eviction policies matter (issue 13).
+    sessions: int = field(default=1980, metadata={"help": "conversations (~4000 requests)"})
+    rate: float = field(default=6.0, metadata={"help": "session arrival rate, sessions/s"})
     mean_turns: float = field(default=2.02, metadata={"help": "WildChat Table 1, LMSYS row"})
     max_turns: int = field(default=64, metadata={"help": "cap on turns per conversation"})
     user_mean_tokens: float = field(default=69.83, metadata={"help": "WildChat Table 1"})

@@ -44,6 +44,7 @@ __all__ = [
     "load_trace",
     "open_source",
     "register_trace",
+    "run_requests",
     "trace_info",
     "trace_names",
     "traces_dir",
@@ -71,16 +72,28 @@ class TraceInfo:
     name: str
     summary: str  # one line: what is real and what is drawn
     loader: Loader
+    #: Requests a run replays when it names no count (None: the whole trace). `load_trace` keeps
+    #: returning the whole trace; only runs default to this, so a first `kvsim run` takes
+    #: seconds while the trace's KV still overflows HBM (issue 13).
+    run_requests: int | None = None
 
 
 _LOADERS: dict[str, TraceInfo] = {}
 
 
-def register_trace(name: str, loader: Loader, summary: str = "") -> None:
+def register_trace(
+    name: str, loader: Loader, summary: str = "", run_requests: int | None = None
+) -> None:
     """Add a named trace; a name registered twice is a bug, so it raises."""
     if name in _LOADERS:
         raise ValueError(f"trace {name!r} is already registered")
-    _LOADERS[name] = TraceInfo(name, summary, loader)
+    _LOADERS[name] = TraceInfo(name, summary, loader, run_requests)
+
+
+def run_requests(name: str) -> int | None:
+    """How many requests a run of trace `name` replays by default (None: all, or not a name)."""
+    info = _LOADERS.get(name)
+    return info.run_requests if info else None
 
 
 def trace_names() -> list[str]:
@@ -236,11 +249,13 @@ register_trace(
     "mooncake-conversation",
     _mooncake("mooncake/conversation_trace.jsonl", "mooncake-conversation"),
     "real: Kimi chat arrivals, lengths and 512-token prefix hashes (12,031 requests, 59 min)",
+    run_requests=1_000,
 )
 register_trace(
     "mooncake-synthetic",
     _mooncake("mooncake/synthetic_trace.jsonl", "mooncake-synthetic"),
     "real: lengths and prefix hashes of Moonshot's ShareGPT/L-Eval/LooGLE mix; Poisson arrivals",
+    run_requests=1_000,
 )
 register_trace(
     "mooncake-arxiv-1000",
@@ -251,6 +266,7 @@ register_trace(
     "mooncake-toolagent", _toolagent,
     "drawn: Mooncake tool&agent stand-in (23,608 calls, shared tool prefixes, growing histories) "
     "fitted to published means, medians and cache ratio",
+    run_requests=1_500,
 )  # fmt: skip
 register_trace(
     "azure-conv",

@@ -60,8 +60,10 @@ def _lognormal(mean: float, std: float) -> tuple[float, float]:
 class ShareGPTParams:
     """Knobs of the generator; defaults are the published ShareGPT figures or stated assumptions."""
 
-    sessions: int = field(default=285, metadata={"help": "sessions; ~1000 requests at 3.51 turns"})
-    rate: float = field(default=1.0, metadata={"help": "session arrival rate, sessions/s"})
+    # Default scenario: ~3,000 requests whose KV outgrows llama-3.1-8b's HBM on an h100-sxm
+    # after about 2 simulated minutes, so eviction policies matter (issue 13).
+    sessions: int = field(default=855, metadata={"help": "sessions; ~3000 requests at 3.51 turns"})
+    rate: float = field(default=4.0, metadata={"help": "session arrival rate, sessions/s"})
     mean_turns: float = field(default=3.51, metadata={"help": "WildChat Table 1, ShareGPT"})
     max_turns: int = field(default=32, metadata={"help": "cap on turns per session"})
     user_mean_tokens: float = field(default=94.46, metadata={"help": "WildChat Table 1"})
