@@ -176,6 +176,50 @@ def _format_replicas(per_replica: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
+def _format_baseline(summary: dict[str, object], base: dict[str, object], base_dir: Path) -> str:
+    """The run beside its baseline policy: each compared figure and their ratio."""
+    from kvsim.compare import FIGURES, figures, ratio
+
+    mine, theirs = figures(summary), figures(base)
+    name, other = str(summary["policy"]), str(base["policy"])
+    head = ("", name, other, f"{name} / {other}")
+    rows = [head]
+    for key in [k for k in mine if k in theirs] + [k for k in theirs if k not in mine]:
+        if mine.get(key) is None and theirs.get(key) is None:
+            continue
+        hit = key.startswith("hit_ratio.") or key == "prefix_hit_ratio"
+        label = f"hit ratio {key.split('.')[1]}" if key.startswith("hit_ratio.") else None
+        label = label or FIGURES[key][0]
+        scale = 1.0 if hit else FIGURES[key][1]
+
+        def show(v: float | None, hit: bool = hit, scale: float = scale) -> str:
+            if v is None:
+                return "n/a"
+            return f"{v:.3f}" if hit else f"{v * scale:,.4g}"
+
+        rel = ratio(mine.get(key), theirs.get(key))
+        rows.append((label, show(mine.get(key)), show(theirs.get(key)),
+                     "n/a" if rel is None else f"{rel:.3f}"))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [
+        f"{r[0]:<{widths[0]}}  "
+        + "  ".join(f"{c:>{w}}" for c, w in zip(r[1:], widths[1:], strict=True))
+        for r in rows
+    ]
+    return "\n".join(lines) + f"\nbaseline results  {base_dir}"
+
+
+def _baseline_json(summary: dict[str, object], base: dict[str, object]) -> str:
+    """--json with --baseline: both summaries and the ratio of each compared figure."""
+    from kvsim.compare import figures, ratio
+    from kvsim.run import json_safe
+
+    mine, theirs = figures(summary), figures(base)
+    ratios = {k: ratio(mine.get(k), theirs.get(k)) for k in {**mine, **theirs}}
+    doc = {"run": summary, "baseline": base, "ratios": ratios}
+    return json.dumps(json_safe(doc), allow_nan=False)
+
+
 def _default_out() -> Path:
     base = Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     out, n = base, 1
@@ -309,8 +353,18 @@ def _default_out() -> Path:
     "--overwrite", is_flag=True, help="Replace the results already in --out (kvsim's files only)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+@click.option(
+    "--baseline",
+    "baseline_policy",
+    help="Also run this policy on the same config and print the ratios (results in OUT-baseline).",
+)
 def run(
-    config_path: str | None, out: str | None, overwrite: bool, as_json: bool, **options
+    config_path: str | None,
+    out: str | None,
+    overwrite: bool,
+    as_json: bool,
+    baseline_policy: str | None,
+    **options,
 ) -> None:
     """Simulate serving replicas on a trace and report TTFT, TPOT, throughput and hit ratio.
 
@@ -360,20 +414,44 @@ def run(
         base, engine=engine, **{k: v for k, v in given.items() if k not in engine_keys}
     )
     check_config(config)
+    base_config = None
+    if baseline_policy is not None:
+        base_config = dataclasses.replace(
+            config, engine=dataclasses.replace(config.engine, policy=baseline_policy)
+        )
+        check_config(base_config)
     # fail before simulating when the results cannot be written there
     folder = ResultsFolder(Path(out) if out else _default_out(), overwrite)
+    base_folder = None
+    if base_config is not None:
+        try:
+            base_folder = ResultsFolder(folder.out.with_name(folder.out.name + "-baseline"))
+        except BaseException:
+            folder.discard()
+            raise
     progress = _Progress()
     try:
         outcome = run_sim(config, progress=progress)
+        base_outcome = run_sim(base_config) if base_config is not None else None
     except BaseException:
         folder.discard()
+        if base_folder is not None:
+            base_folder.discard()
         raise
     finally:
         progress.close()
     out_dir = folder.write(outcome)
     summary = outcome.summary
     failed = nothing_completed(summary)
-    if as_json:
+    if base_outcome is not None:
+        assert base_folder is not None
+        base_dir = base_folder.write(base_outcome)
+        if as_json:
+            click.echo(_baseline_json(summary, base_outcome.summary))
+        else:
+            click.echo(_format_summary(summary, out_dir))
+            click.echo("\n" + _format_baseline(summary, base_outcome.summary, base_dir))
+    elif as_json:
         click.echo(summary_json(summary))
     else:
         click.echo(_format_summary(summary, out_dir))
@@ -383,6 +461,92 @@ def run(
         click.echo(f"warning: {warning}", err=True)
     if failed:
         raise KvsimError(f"{summary['run_warnings'][0]} (results in {out_dir})")
+
+
+# -- kvsim compare ---------------------------------------------------------------------------------
+def _settings(items: tuple[str, ...], option: str, lists: bool) -> dict[str, object]:
+    """'policy=lru,belady' pairs as {key: [values]} (or {key: value}); in tiers '+' joins."""
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not value.strip():
+            raise KvsimError(
+                f"--{option}: expected KEY=VALUE{',VALUE' if lists else ''}, got {item!r}"
+            )
+        if key in out:
+            raise KvsimError(f"--{option}: {key} given twice")
+        parts = [v.strip() for v in value.split(",")] if lists else [value.strip()]
+        if key == "tiers":
+            parts = [v.replace("+", ",") for v in parts]
+        if any(not v for v in parts):
+            raise KvsimError(f"--{option}: {key}: an empty value in {value!r}")
+        out[key] = parts if lists else parts[0]
+    return out
+
+
+@cli.command()
+@click.option("--trace", default="sharegpt", show_default=True, help="Built-in trace or file.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Base config TOML.")
+@click.option("--max-requests", type=int, help="Replay only the first N requests.")
+@click.option("--rate-scale", type=float, help="Multiply the arrival rate.")
+@click.option("--model", help="Catalog model name or model TOML. [default: llama-3.1-8b]")
+@click.option("--hardware", help="Hardware profile name or TOML. [default: h100-sxm]")
+@click.option("--slo-ttft", "slo_ttft_s", type=float, help="TTFT objective in seconds (goodput).")
+@click.option("--slo-tpot", "slo_tpot_s", type=float, help="TPOT objective in seconds (goodput).")
+@click.option("--seed", type=int, help="Seed for every random draw. [default: 0]")
+@click.option(
+    "--vary",
+    multiple=True,
+    required=True,
+    help="KEY=V1,V2,...: policy, tiers (hbm+dram), router, replicas, hardware, any run key.",
+)
+@click.option("--baseline", multiple=True, help="KEY=VALUE: the baseline. [the first row]")
+@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
+@click.option("--markdown", is_flag=True, help="Print the table as Markdown.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("-j", "--jobs", type=int, help="Parallel workers. [default: the CPU count]")
+def compare(
+    trace: str,
+    config_path: str | None,
+    vary: tuple[str, ...],
+    baseline: tuple[str, ...],
+    as_json: bool,
+    markdown: bool,
+    executor: str,
+    jobs: int | None,
+    **options,
+) -> None:
+    """Run every combination of --vary and print one row each, with ratios to the baseline."""
+    from kvsim.compare import compare as run_compare
+    from kvsim.run import RunConfig
+
+    if as_json and markdown:
+        raise KvsimError("--json and --markdown: give one")
+    _positive("rate-scale", options["rate_scale"])
+    if jobs is not None and jobs < 1:
+        raise KvsimError(f"--jobs: expected a positive integer, got {jobs}")
+    base = RunConfig.from_toml(config_path) if config_path else RunConfig()
+    given = {k: v for k, v in options.items() if v is not None}
+    if "seed" in given:
+        base = dataclasses.replace(
+            base, engine=dataclasses.replace(base.engine, seed=given.pop("seed"))
+        )
+    base = dataclasses.replace(base, trace=trace, **given)
+    table = run_compare(
+        base,
+        _settings(vary, "vary", lists=True),  # type: ignore[arg-type]
+        _settings(baseline, "baseline", lists=False) or None,
+        executor=executor,
+        jobs=jobs,
+        progress=not (as_json or markdown),
+    )
+    if as_json:
+        click.echo(table.to_json())
+    elif markdown:
+        click.echo(table.to_markdown())
+    else:
+        click.echo(table.format())
 
 
 # -- kvsim sweep -----------------------------------------------------------------------------------
