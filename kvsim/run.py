@@ -546,7 +546,8 @@ class ResultsFolder:
                 f"{out}: folder is not empty; pass --overwrite to replace the results in it, "
                 "or choose another --out"
             )
-        foreign = [name for name in entries if name not in RESULT_FILES]
+        # `kvsim report` writes its page into the run's report/ folder: kvsim's too
+        foreign = [name for name in entries if name not in RESULT_FILES and name != "report"]
         if foreign:
             raise ConfigError(
                 f"{out}: holds {foreign[0]!r}, which is not a kvsim result file; refusing to "

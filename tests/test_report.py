@@ -147,3 +147,13 @@ def test_output_rate_spreads_each_reply_over_its_decode():
     rate = output_rate(np.array([1.0]), np.array([6.0]), np.array([11]), edges)
     assert rate.tolist() == pytest.approx([0, 3, 2, 2, 2, 2, 0])
     assert (rate * np.diff(edges)).sum() == pytest.approx(11)
+
+
+def test_a_reported_run_can_be_rerun_over_with_overwrite(tmp_path):
+    out = tmp_path / "run"
+    args = ["run", "--trace", "sharegpt", "--max-requests", "20", "--out", str(out)]
+    main(args)
+    write_report(out)
+    assert (out / "report").is_dir()
+    main([*args, "--overwrite"])  # refused before: report/ is not a run file
+    assert (out / "COMPLETE").is_file()
