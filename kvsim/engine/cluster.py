@@ -56,14 +56,7 @@ def batch_prefill_s(
         return 0.0
     running = load.running if load.role != "prefill" else 0
     decode = np.full(running, load.decode_blocks * block_size // max(running, 1), dtype=np.float64)
-    room = max(chunk - running, 1)
-    total = 0.0
-    done = 0
-    while done < tokens:
-        n = min(room, tokens - done)
-        total += cost.iteration_time_s([(n, context + done)], decode)
-        done += n
-    return total
+    return cost.prefill_time_s(tokens, context, chunk, decode)
 
 
 class CacheView:

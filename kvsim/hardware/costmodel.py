@@ -56,14 +56,23 @@ class ChunkedPrefill:
     ) -> float:
         raise NotImplementedError
 
-    def prefill_time_s(self, tokens: int, context: int = 0, chunk: int | None = None) -> float:
-        """Seconds to prefill `tokens` after `context` alone, in chunks of at most `chunk`."""
-        chunk = chunk or tokens
+    def prefill_time_s(
+        self,
+        tokens: int,
+        context: int = 0,
+        chunk: int | None = None,
+        decode_contexts: np.ndarray | None = None,
+    ) -> float:
+        """Seconds to prefill `tokens` after `context` in chunks of at most `chunk`: alone, or
+        beside a batch of decoding sequences (`decode_contexts`) that share every iteration's
+        token budget and time."""
+        decode = np.zeros(0) if decode_contexts is None else decode_contexts
+        chunk = max((chunk or tokens) - len(decode), 1)
         total = 0.0
         done = 0
         while done < tokens:
             n = min(chunk, tokens - done)
-            total += self.iteration_time_s([(n, context + done)], [])
+            total += self.iteration_time_s([(n, context + done)], decode)
             done += n
         return total
 
@@ -154,6 +163,7 @@ class RooflineCostModel(ChunkedPrefill):
         self.elementwise_bytes_per_token = model_elementwise_bytes_per_token(model, tp, 2.0)
         self.allreduce_calls = 2 * model.num_layers if tp > 1 else 0
         self.allreduce_bytes_per_token = model.hidden_size * 2.0  # bf16 activations
+        costs = attention_costs(model, kv_dtype, tp)
         self.groups = tuple(
             _Group(
                 window=int(c.window or 0),
@@ -162,9 +172,9 @@ class RooflineCostModel(ChunkedPrefill):
                 prefill_flops_per_pair=float(c.prefill_flops_per_token_pair),
                 state_bytes_per_seq=float(c.state_bytes_per_seq),
             )
-            for c in attention_costs(model, kv_dtype, tp)
+            for c in costs
         )
-        self.attention_layers = sum(c.layers for c in attention_costs(model, kv_dtype, tp))
+        self.attention_layers = sum(c.layers for c in costs)
         self.windowed = any(g.window for g in self.groups)
         self.kv_bytes_per_token = sum(g.kv_bytes_per_token for g in self.groups)
         self.flops_per_pair = sum(g.flops_per_pair for g in self.groups)
