@@ -322,8 +322,7 @@ def import_vidur_profile(
         raise ConfigError(f"--out: expected a .toml path, got {out}")
     model = load_model(model_name)
     if base is None:
-        where = locate(folder, model, gpu, None) if folder.is_dir() else None
-        base = GPU_PROFILES.get(where.gpu or "") if where else None
+        base = GPU_PROFILES.get(locate(folder, model, gpu, None).gpu or "")
         if base is None:
             raise ConfigError(
                 f"--profile: {folder} does not say which shipped profile its GPU matches "
