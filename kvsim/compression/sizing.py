@@ -1,0 +1,318 @@
+"""Exact KV bytes after compression, and the extra work each profile adds, per tensor-parallel rank.
+
+Bytes, per KV layer ``l`` (layers numbered in layer-group order, each group's KV-storing layers
+in turn, as ``LayerGroup.kv_layers`` counts them):
+
+    kept_l × token_bytes_l  (+ residual tokens at the base width, quant only)
+
+- full / sliding attention: ``token_bytes = kv_heads_per_rank × (vec(head_dim_k, kbits) +
+  vec(head_dim_v, vbits))`` with ``vec(d, b) = d·b/8 + ceil(d/group) × 4`` for ``b < 16`` (an fp16
+  scale and an fp16 zero-point per group of ``group`` elements along the head dim, KIVI's
+  asymmetric layout, arXiv 2402.02750) and ``vec(d, 16) = 2·d`` (plain 16-bit, no scales);
+- MLA: the latent (``kv_lora_rank + qk_rope_head_dim`` elements, replicated on every rank) is one
+  vector that serves as both K and V, so it is quantised as one vector at ``max(kbits, vbits)``;
+  token dropping removes a token's latent as it removes its K and V elsewhere;
+- sliding layers: token dropping applies to them as to full layers, and, like
+  ``kvsim.models.kv_bytes_per_token``, they count every kept token (the engine's page cost);
+  ``window_cap=True`` caps each sliding layer at its window instead;
+- linear / Mamba layers keep no per-token KV: compression leaves their fixed state alone and
+  these functions leave it out (``kvsim.models.sequence_kv_bytes`` adds it).
+
+A quantised layout that would cost more than the base KV dtype (16-bit into an fp8 cache, or tiny
+groups) is not used: the layer keeps the base width, so compression never raises memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from kvsim.compression.profiles import Compression
+from kvsim.errors import ConfigError
+from kvsim.models.dtypes import KvDtype
+from kvsim.models.sizing import attention_costs, kv_bytes_per_token, kv_heads_per_rank
+from kvsim.models.spec import LayerGroup, ModelSpec
+
+__all__ = [
+    "SCALE_BYTES_PER_GROUP",
+    "CompressionWork",
+    "LayerBytes",
+    "bytes_per_kept_token",
+    "compressed_kv_bytes",
+    "compression_work",
+    "host_kv_bytes",
+    "layer_bytes",
+]
+
+#: One fp16 scale plus one fp16 zero-point per quantisation group (KIVI stores both in fp16).
+SCALE_BYTES_PER_GROUP = 4
+
+
+@dataclass(frozen=True)
+class LayerBytes:
+    """One KV layer on one rank: its shape and a token's bytes there, base and compressed."""
+
+    group: LayerGroup
+    heads: int  # KV heads on this rank (1 for an MLA latent)
+    base_bytes: float  # one token at the base KV dtype, scales included
+    token_bytes: float  # one kept token after compression (≤ base_bytes)
+    quantised: bool
+
+
+def _vector_bytes(elements: int, bits: int, group: int) -> float:
+    if bits >= 16:
+        return 2.0 * elements
+    return elements * bits / 8 + math.ceil(elements / group) * SCALE_BYTES_PER_GROUP
+
+
+def layer_bytes(
+    spec: ModelSpec, comp: Compression, kv_dtype: str | KvDtype = "bf16", tp: int = 1
+) -> list[LayerBytes]:
+    """Every KV-storing layer of ``spec`` on one rank, with its compressed bytes per token.
+
+    ConfigError when a per-layer profile (lkv list, moe-nd) lists another number of layers.
+    """
+    groups = [g for g in spec.layer_groups if g.kind != "none"]
+    costs = attention_costs(spec, kv_dtype, tp)  # checks tp and the dtype
+    layers: list[LayerBytes] = []
+    for group, cost in zip(groups, costs, strict=True):
+        if group.kind not in ("full", "sliding", "mla"):
+            continue
+        base = cost.kv_bytes_per_token / group.kv_layers
+        heads = 1 if group.kind == "mla" else kv_heads_per_rank(group.num_kv_heads, tp)
+        for _ in range(group.kv_layers):
+            layers.append(LayerBytes(group, heads, base, base, False))
+    expected = comp.layer_count if comp.name != "auto" else None
+    if expected is not None and expected != len(layers):
+        raise ConfigError(
+            f"compression {comp.name}: lists {expected} layers but {spec.name} has {len(layers)} "
+            f"KV layers; give one entry per KV layer (or a single one for all)"
+        )
+    out: list[LayerBytes] = []
+    for index, lb in enumerate(layers):
+        bits = comp.layer_bits(index)
+        if bits is None:
+            out.append(lb)
+            continue
+        kbits, vbits, group_size = bits
+        g = lb.group
+        if g.kind == "mla":
+            latent = g.kv_lora_rank + g.qk_rope_head_dim
+            packed = _vector_bytes(latent, max(kbits, vbits), group_size)
+        else:
+            packed = lb.heads * (
+                _vector_bytes(g.head_dim_k, kbits, group_size)
+                + _vector_bytes(g.head_dim_v, vbits, group_size)
+            )
+        quantised = packed < lb.base_bytes
+        out.append(LayerBytes(g, lb.heads, lb.base_bytes, min(packed, lb.base_bytes), quantised))
+    return out
+
+
+def _kept(
+    comp: Compression,
+    lb: LayerBytes,
+    layer: int,
+    context_tokens: int,
+    generated_tokens: int,
+    window_cap: bool,
+) -> int:
+    kept = comp.kept_tokens(context_tokens, layer, generated_tokens)
+    if window_cap and lb.group.kind == "sliding" and lb.group.window is not None:
+        kept = min(kept, lb.group.window)
+    return kept
+
+
+def compressed_kv_bytes(
+    spec: ModelSpec,
+    comp: Compression,
+    context_tokens: int,
+    kv_dtype: str | KvDtype = "bf16",
+    tp: int = 1,
+    generated_tokens: int = 0,
+    window_cap: bool = False,
+) -> int:
+    """Exact bytes of one sequence's KV on one rank after compression: all layers, scales included.
+
+    ``none`` gives ``context_tokens × kv_bytes_per_token`` exactly. Quant's most recent
+    ``residual`` tokens per layer stay at the base width (KIVI's full-precision residual).
+    Infinigen counts only what stays on the GPU (its partial keys); ``host_kv_bytes`` has the
+    offloaded rest. ``auto`` answers for its largest candidate (a reservation bound).
+    """
+    if comp.name == "none":
+        if context_tokens < 0:
+            raise ConfigError(f"context_tokens: must be ≥ 0, got {context_tokens}")
+        return context_tokens * kv_bytes_per_token(spec, kv_dtype, tp)
+    if comp.name == "auto":
+        return max(
+            compressed_kv_bytes(spec, c, context_tokens, kv_dtype, tp, generated_tokens, window_cap)
+            for c in comp.candidates
+        )
+    layers = layer_bytes(spec, comp, kv_dtype, tp)
+    residual = comp.residual_tokens()
+    total = 0.0
+    for index, lb in enumerate(layers):
+        kept = _kept(comp, lb, index, context_tokens, generated_tokens, window_cap)
+        if comp.name == "infinigen":
+            total += kept * _partial_key_bytes(comp, lb)
+            continue
+        full = min(kept, residual) if lb.quantised else 0
+        total += full * lb.base_bytes + (kept - full) * lb.token_bytes
+    return math.ceil(total)
+
+
+def _partial_key_bytes(comp: Compression, lb: LayerBytes) -> float:
+    """Infinigen's GPU-resident partial key per token: ``partial`` of the key dims, base width.
+
+    For MLA the partial slice is taken of the latent (our reconstruction: InfiniGen was built for
+    multi-head attention).
+    """
+    g = lb.group
+    dims = g.kv_lora_rank + g.qk_rope_head_dim if g.kind == "mla" else g.head_dim_k
+    total_dims = dims if g.kind == "mla" else g.head_dim_k + g.head_dim_v
+    per_element = lb.base_bytes / (lb.heads * total_dims)
+    return lb.heads * math.ceil(comp.param("partial") * dims) * per_element
+
+
+def bytes_per_kept_token(
+    spec: ModelSpec, comp: Compression, kv_dtype: str | KvDtype = "bf16", tp: int = 1
+) -> float:
+    """Bytes one kept token costs across all KV layers on one rank: the engine's page cost.
+
+    It is ``Σ_l w_l × token_bytes_l`` with ``w_l = keep_l / mean keep`` (every ``w_l`` is 1 when
+    all layers keep the same tokens), so ``kept_tokens(n) × bytes_per_kept_token`` matches
+    ``compressed_kv_bytes`` up to rounding, except that quant's unquantised residual tokens are
+    left out (they add ``min(n, residual) × (base − token bytes)`` per layer; use
+    ``compressed_kv_bytes`` for the exact figure). Infinigen: its partial key per token.
+    """
+    if comp.name == "none":
+        return float(kv_bytes_per_token(spec, kv_dtype, tp))
+    if comp.name == "auto":
+        return max(bytes_per_kept_token(spec, c, kv_dtype, tp) for c in comp.candidates)
+    layers = layer_bytes(spec, comp, kv_dtype, tp)
+    if comp.name == "infinigen":
+        return sum(_partial_key_bytes(comp, lb) for lb in layers)
+    weights = [1.0] * len(layers)
+    if comp.layer_count is not None:
+        keeps = [float(comp._keep_ratio(i)) for i in range(len(layers))]
+        mean = sum(keeps) / len(keeps)
+        weights = [k / mean for k in keeps]
+    return sum(w * lb.token_bytes for w, lb in zip(weights, layers, strict=True))
+
+
+def host_kv_bytes(
+    spec: ModelSpec,
+    comp: Compression,
+    context_tokens: int,
+    kv_dtype: str | KvDtype = "bf16",
+    tp: int = 1,
+) -> int:
+    """Bytes of one sequence's KV that live in CPU DRAM: infinigen's full KV, else 0."""
+    if not comp.offloaded:
+        return 0
+    if context_tokens < 0:
+        raise ConfigError(f"context_tokens: must be ≥ 0, got {context_tokens}")
+    return context_tokens * kv_bytes_per_token(spec, kv_dtype, tp)
+
+
+@dataclass(frozen=True)
+class CompressionWork:
+    """Extra work a profile adds, per rank, summed over KV layers, for the cost model to price.
+
+    Units and when each applies:
+
+    - ``score_flops_per_prompt_token``: FLOPs once after prefill, per prompt token. SnapKV: its
+      ``window`` observation queries score every prompt key, ``Σ_l q_heads × 2 × w × head_dim_k``.
+    - ``select_items_per_prompt_token``: top-k inputs once after prefill, per prompt token: one
+      score per KV head per layer (SnapKV, LKV, MoE-nD layers with keep < 1).
+    - ``score_flops_per_read_token``: FLOPs per decode step per token read. H2O accumulates each
+      token's attention probability per query head: ``Σ_l q_heads`` (1 add; our assumption that
+      the kernel emits the probabilities).
+    - ``select_items_per_read_token``: per decode step per token read: H2O picks the lowest
+      accumulated score per KV head to evict, ``Σ_l kv_heads``.
+    - ``speculate_flops_per_context_token``: FLOPs per decode step per context token: InfiniGen's
+      partial query-key product, ``Σ_l q_heads × 2 × ceil(partial × head_dim_k)``.
+    - ``select_items_per_context_token``: per decode step per context token: InfiniGen's top-k
+      over the speculated scores, one per query head per layer.
+    - ``quant_bytes_per_token``: HBM bytes read and written to quantise one new token's KV:
+      its base-width K and V read plus its packed K, V, scales and zero-points written.
+    - ``dequant_flops_per_read_token``: per decode step per token read: a multiply by the scale
+      and an add of the zero-point per element, ``Σ_l kv_heads × (d_k + d_v) × 2``.
+    - ``dequant_bytes_per_read_token``: 0: KIVI fuses dequantisation into the attention matmul,
+      so attention reads only the packed bytes (``kv_read_bytes_per_read_token``).
+    - ``kv_read_bytes_per_read_token``: HBM bytes attention reads per token it reads, all layers:
+      the compressed width, or for infinigen the full width of the fetched copy.
+    - ``host_bytes_per_read_token``: bytes over the host link per token read per decode step
+      (infinigen fetches each selected token's full K and V of every layer).
+    - ``host_bytes_per_new_token``: bytes written to CPU DRAM per new token (infinigen).
+    - ``notes``: work the profile does that no published figure lets us price (left at 0).
+    """
+
+    score_flops_per_prompt_token: float = 0.0
+    select_items_per_prompt_token: float = 0.0
+    score_flops_per_read_token: float = 0.0
+    select_items_per_read_token: float = 0.0
+    speculate_flops_per_context_token: float = 0.0
+    select_items_per_context_token: float = 0.0
+    quant_bytes_per_token: float = 0.0
+    dequant_flops_per_read_token: float = 0.0
+    dequant_bytes_per_read_token: float = 0.0
+    kv_read_bytes_per_read_token: float = 0.0
+    host_bytes_per_read_token: float = 0.0
+    host_bytes_per_new_token: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _q_heads(group: LayerGroup, tp: int) -> int:
+    return max(1, group.num_heads // tp)
+
+
+def compression_work(
+    spec: ModelSpec, comp: Compression, kv_dtype: str | KvDtype = "bf16", tp: int = 1
+) -> CompressionWork:
+    """The work ``comp`` adds to serving ``spec`` on one rank (see ``CompressionWork``)."""
+    if comp.name == "auto":
+        raise ConfigError("compression auto: choose a candidate first (kvsim.compression.choose)")
+    layers = layer_bytes(spec, comp, kv_dtype, tp)
+    base_total = sum(lb.base_bytes for lb in layers)
+    read_bytes = (
+        base_total if comp.name == "infinigen" else bytes_per_kept_token(spec, comp, kv_dtype, tp)
+    )
+    work: dict[str, float] = {"kv_read_bytes_per_read_token": read_bytes}
+    notes: list[str] = []
+
+    def add(key: str, value: float) -> None:
+        work[key] = work.get(key, 0.0) + value
+
+    for index, lb in enumerate(layers):
+        g = lb.group
+        q_heads = _q_heads(g, tp)
+        key_dims = g.kv_lora_rank + g.qk_rope_head_dim if g.kind == "mla" else g.head_dim_k
+        if comp.name == "snapkv":
+            add("score_flops_per_prompt_token", q_heads * 2.0 * comp.param("window") * key_dims)
+            add("select_items_per_prompt_token", lb.heads)
+        elif comp.name in ("lkv", "kvp") or (comp.name == "moe-nd" and comp._keep_ratio(index) < 1):
+            add("select_items_per_prompt_token", lb.heads)
+        elif comp.name == "h2o":
+            add("score_flops_per_read_token", q_heads)
+            add("select_items_per_read_token", lb.heads)
+        elif comp.name == "infinigen":
+            partial = math.ceil(comp.param("partial") * key_dims)
+            add("speculate_flops_per_context_token", q_heads * 2.0 * partial)
+            add("select_items_per_context_token", q_heads)
+        if lb.quantised:
+            elements = (
+                g.kv_lora_rank + g.qk_rope_head_dim
+                if g.kind == "mla"
+                else lb.heads * (g.head_dim_k + g.head_dim_v)
+            )
+            add("quant_bytes_per_token", lb.base_bytes + lb.token_bytes)
+            add("dequant_flops_per_read_token", 2.0 * elements)
+    if comp.name == "infinigen":
+        work["host_bytes_per_read_token"] = base_total
+        work["host_bytes_per_new_token"] = base_total
+    if comp.name in ("lkv", "kvp"):
+        notes.append(f"{comp.name}: the learned scorer's cost is not published; priced at 0")
+    if comp.name == "moe-nd":
+        notes.append("moe-nd: the eviction scorer's cost is not published; priced at 0")
+    return CompressionWork(**work, notes=tuple(notes))
