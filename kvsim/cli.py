@@ -640,8 +640,23 @@ def sweep(
     "--tiers", "show_tiers", is_flag=True, help="Also show KV capacity per tier per node."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option(
+    "--compression",
+    default="none",
+    show_default=True,
+    help="KV compression NAME[:key=value,...] (docs/compression.md): adds its sizes at --context.",
+)
 def size(
-    model, tp, kv_dtype, weight_dtype, hardware, context, block_size, show_tiers, as_json
+    model,
+    tp,
+    kv_dtype,
+    weight_dtype,
+    hardware,
+    context,
+    block_size,
+    show_tiers,
+    as_json,
+    compression,
 ) -> None:
     """Exact KV bytes per token and block, weights, and how many sequences fit in HBM.
 
@@ -654,6 +669,8 @@ def size(
         node_tier_capacity,
         profile_capacity_report,
     )
+    from kvsim.compression import parse_compression
+    from kvsim.compression.report import compression_report, format_compression
     from kvsim.hardware import load_profile
     from kvsim.models import load_model
 
@@ -661,6 +678,7 @@ def size(
         if value < 1:
             raise KvsimError(f"--{name}: expected a positive integer, got {value}")
     spec = load_model(model)
+    comp = parse_compression(compression)
     weight_dtype = weight_dtype or spec.weight_dtype
     profile = load_profile(hardware)
     report = profile_capacity_report(
@@ -674,6 +692,10 @@ def size(
         strict=False,
     )
     report = {"hardware": profile.name, **report}
+    if comp.name != "none":
+        report["compression"] = compression_report(
+            spec, comp, context, kv_dtype, tp, report["kv_capacity_bytes_per_rank"]
+        )
     tiers_skipped = show_tiers and not report["fits"]
     show_tiers = show_tiers and report["fits"]  # HBM left for KV is part of the tier table
     if tiers_skipped:
@@ -691,6 +713,8 @@ def size(
         click.echo(json.dumps(report))
         return
     click.echo(format_capacity(report))
+    if "compression" in report:
+        click.echo("\n" + format_compression(report["compression"]))
     if show_tiers:
         click.echo("\n" + format_tier_capacity(report["tiers"]))
     if tiers_skipped:
