@@ -19,6 +19,7 @@ class Request:
 
     __slots__ = (
         "arrival_s",
+        "attention_mass_lost",
         "cached_tokens",
         "computed",
         "finish_s",
@@ -31,6 +32,7 @@ class Request:
         "known",
         "load_started_s",
         "load_wait_s",
+        "lossy_hits",
         "lower_tokens",
         "output_tokens",
         "preemptions",
@@ -60,6 +62,10 @@ class Request:
         self.load_wait_s = 0.0
         self.rope_tokens = 0  # tokens reused at a new position by re-rotating their keys
         self.preemptions = 0
+        # head-granular HBM (kvsim.kvcache.group_pool): hit blocks missing KV-head groups, and
+        # the share of the request's attention those groups held (summed over the blocks)
+        self.lossy_hits = 0
+        self.attention_mass_lost = 0.0
         self.replica = 0  # the replica that serves (under P/D: decodes) it
         # prefill/decode disaggregation: the stage this request is in on its current replica
         # (None: aggregated; "prefill": compute the prompt and hand it on; "decode": pull the

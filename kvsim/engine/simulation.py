@@ -29,6 +29,7 @@ from kvsim.errors import KvsimError
 from kvsim.hardware.measured import make_cost_model
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.kvcache import BlockPool
+from kvsim.kvcache.group_pool import GroupPool
 from kvsim.kvcache.link import Link
 from kvsim.kvcache.manager import KVCacheManager
 from kvsim.metrics.requests import RequestLog
@@ -246,7 +247,9 @@ def simulate(
 
     for index, role in enumerate(roles):
         policy = make_policy(settings.policies["hbm"], settings.params_of("hbm"))
-        pool = BlockPool(num_blocks, policy, block_bytes)
+        # ema-head with head_granular=true frees KV-head groups; every other policy whole blocks
+        pool_kind = GroupPool if policy.head_groups() > 1 else BlockPool
+        pool = pool_kind(num_blocks, policy, block_bytes)
         node = node_of(index, config.tp, profile.gpus_per_node)
         hierarchy = build_hierarchy(
             env,
@@ -354,7 +357,13 @@ def simulate(
     is_cluster = count > 1
     for req in live.values():  # still in the system: unfinished
         log.record(req)
-    table = log.table(source, replicas[0].kv.hierarchy, cluster=is_cluster, pd=bool(split))
+    table = log.table(
+        source,
+        replicas[0].kv.hierarchy,
+        cluster=is_cluster,
+        pd=bool(split),
+        heads=replicas[0].pool.head_granular,
+    )
     first = float(np.min(source.arrival_s)) if source.n else 0.0
     end = log.end_s(first)
     hierarchies = [r.kv.hierarchy for r in replicas if r.kv.hierarchy is not None]

@@ -58,6 +58,13 @@ class _Parents(Sequence[int]):
 class BlockPool:
     """`num_blocks` physical blocks: free (uncached), cached (pinned or evictable), or in use."""
 
+    head_granular = False
+    """True for kvsim.kvcache.group_pool.GroupPool (frees KV-head groups, not whole blocks)."""
+    lossy_blocks = 0
+    """Blocks of the last ``acquire`` that hit missing KV-head groups (always 0 here)."""
+    mass_lost = 0.0
+    """Attention share those missing groups held (always 0 here)."""
+
     def __init__(self, num_blocks: int, policy: EvictionPolicy, block_bytes: int = 1) -> None:
         if num_blocks < 1:
             raise ValueError("a block pool needs at least one block")

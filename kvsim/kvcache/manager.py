@@ -99,6 +99,8 @@ class KVCacheManager:
         # another replica's pool, by a prefetch there, does not count)
         if memo is not None and memo[0] is pool and memo[1] == pool.version and memo[2] == limit:
             return memo[3], memo[4]
+        if pool.head_granular:  # a lossy hit is priced with this request's attention
+            pool.describe(table.kinds, req.input_tokens)
         hit, evictable = pool.cached_prefix(table.hashes, limit)
         table.hit_memo = (pool, pool.version, limit, hit, evictable)
         return hit, evictable
@@ -196,6 +198,9 @@ class KVCacheManager:
         if pool.describes:
             pool.describe(table.kinds, req.input_tokens)
         pool.acquire(table.hashes, hit, now_s)
+        if pool.head_granular:  # the hit this run is computed with (a re-admission's replaces it)
+            req.lossy_hits = pool.lossy_blocks
+            req.attention_mass_lost = pool.mass_lost
         pool.allocate(need)
         self.block_ops += hit + need
         req.computed = hit * self.block_size

@@ -19,6 +19,7 @@ from kvsim.kvcache.hierarchy import Hierarchy
 
 _FLOATS = ("arrival_s", "scheduled_s", "first_token_s", "finish_s", "load_wait_s")
 _INTS = ("cached_tokens", "preemptions", "recomputed_tokens", "rope_tokens", "transfer_bytes")
+_HEADS = ("lossy_hits", "attention_mass_lost")  # head-granular HBM only (kvsim.kvcache.group_pool)
 
 
 class TraceColumns(Protocol):
@@ -48,6 +49,8 @@ class RequestLog:
             "rope_tokens": np.zeros(n, dtype=np.int64),
             "transfer_bytes": np.zeros(n, dtype=np.int64),
             "replica": np.zeros(n, dtype=np.int32),
+            "lossy_hits": np.zeros(n, dtype=np.int64),
+            "attention_mass_lost": np.zeros(n),
         }
         self.lower_tokens = np.zeros((tiers, n), dtype=np.int64)
         self.rejected = np.zeros(n, dtype=bool)
@@ -60,6 +63,8 @@ class RequestLog:
         for name in _INTS:
             c[name][i] = getattr(req, name)
         c["replica"][i] = req.replica
+        for name in _HEADS:
+            c[name][i] = getattr(req, name)
         if req.lower_tokens:
             self.lower_tokens[:, i] = req.lower_tokens
 
@@ -76,9 +81,12 @@ class RequestLog:
         *,
         cluster: bool = False,
         pd: bool = False,
+        heads: bool = False,
     ) -> pa.Table:
         """One row per request; a cluster run adds the serving `replica`, a P/D run the KV
-        bytes each request pulled from its prefill replica."""
+        bytes each request pulled from its prefill replica, a head-granular HBM the hit blocks
+        each request ran without some KV-head groups (`lossy_hits`) and the share of its
+        attention they held (`attention_mass_lost`)."""
         c = self.columns
         rejected = self.rejected
         arrival, first, finish = c["arrival_s"], c["first_token_s"], c["finish_s"]
@@ -97,6 +105,8 @@ class RequestLog:
             extra["replica"] = c["replica"]
         if pd:
             extra["kv_transfer_bytes"] = c["transfer_bytes"]
+        if heads:
+            extra.update({name: c[name] for name in _HEADS})
         return pa.table(
             {
                 "request_id": source.request_id,

@@ -133,6 +133,10 @@ def summarize(result: RunResult, slo: Slo | None = None) -> dict[str, object]:
         **_slo_figures(t, slo, sim_s),
         "hit_attribution": attribution,
     }
+    if "lossy_hits" in t.column_names:  # head-granular HBM: means per completed request
+        for name in ("lossy_hits", "attention_mass_lost"):
+            values = t.column(name).to_numpy()[done]
+            out[f"{name}_per_request"] = float(values.mean()) if values.size else 0.0
     if result.replicas and (len(result.replicas) > 1 or result.pd):
         out.update(_cluster_figures(result, t, done, sim_s))
     return out

@@ -153,7 +153,7 @@ def replay(
     if capacity < 1:
         raise ValueError(f"capacity must be >= 1 block, got {capacity}")
     name = policy.name or type(policy).__name__
-    if isinstance(policy, EmaHead) and policy.params.head_granular:
+    if isinstance(policy, EmaHead) and policy.params.head_granular is not False:
         return replay_heads(seq, policy, capacity, semantics)
     if semantics == "prefix":
         return _replay_prefix(seq, policy, capacity, name)

@@ -27,7 +27,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 FutureFn = Callable[[int, float], float]  # (block key, now_s) -> when it is next used
 
@@ -131,9 +131,35 @@ class EvictionPolicy(ABC):
     def access(self, key: int, info: BlockInfo) -> None:  # noqa: B027 - optional hook
         """A hit on ``key``; recency- and frequency-based policies override this."""
 
+    def head_groups(self) -> int:
+        """KV-head groups per block that the engine's HBM tier should free one by one (1: whole
+        blocks). A policy returning more must also be a ``GroupScorer``; the engine then builds
+        a kvsim.kvcache.group_pool.GroupPool, which orders groups by the scorer's keys."""
+        return 1
+
     def forget(self, key: int) -> None:  # noqa: B027 - optional hook
         """``key`` left the tier; drop any per-key history."""
 
     @abstractmethod
     def __len__(self) -> int:
         """Number of evictable blocks currently ordered."""
+
+
+class GroupScorer(Protocol):
+    """What a head-granular tier asks of its policy: per-group scores, their ordering key, and
+    the attention share each group holds for the request touching a block (to price a loss)."""
+
+    tolerate_loss: float
+    """A block missing groups whose attention share is at most this still hits (lossily)."""
+
+    def touch(self, scores: list[float] | None, since_s: float, info: BlockInfo) -> list[float]:
+        """The group scores after a touch at ``info.now_s`` (``scores`` set at ``since_s``)."""
+        ...
+
+    def key_of(self, score: float, now_s: float) -> float:
+        """Static ordering key of one group's score set at ``now_s``: the lowest is evicted."""
+        ...
+
+    def group_attention(self, info: BlockInfo) -> list[float]:
+        """Each group's attention on the block at ``info.position`` for the touching request."""
+        ...

@@ -14,11 +14,12 @@ needs it (max over heads). Our reconstruction:
 - A touch (hit or insertion by a request) adds that request's attention; between touches every
   score decays by (1 − w) per ``step_s`` of simulated time, so old blocks fade. Decay is common to
   all blocks, so the order is a static key ln(score) + t·ln(1/(1 − w))/step_s in one heap.
-- Whole-block mode (the engine's interface, and ``EvictionPolicy`` here): a block's key is its
-  best head group's; the lowest goes. Head-granular mode (``kvsim mrc``, kvsim.mrc.heads): each
-  group is evicted on its own and frees 1/``head_groups`` of a block; a hit needs every group, or,
-  with ``tolerate_loss`` > 0, a missing share of attention at most that large (a lossy hit whose
-  lost mass is reported).
+- Whole-block mode (the engine's default, and ``EvictionPolicy`` here): a block's key is its
+  best head group's; the lowest goes. Head-granular mode (``kvsim mrc`` by default, kvsim.mrc.heads;
+  the engine with ``head_granular=True``, kvsim.kvcache.group_pool): each group is evicted on its
+  own and frees 1/``head_groups`` of a block; a hit needs every group, or, with
+  ``tolerate_loss`` > 0, a missing share of attention at most that large (a lossy hit whose lost
+  mass is reported). Here the policy is a ``GroupScorer``: the pool keeps the order.
 
 The context length in blocks is request_tokens / block size; the block size is inferred as the
 smallest request_tokens / (position + 1) seen (exact in the mrc replay, within a partial block in
@@ -49,11 +50,13 @@ class EmaHeadParams:
     """w in score = w·attention + (1 − w)·score (the public design's 0.2)."""
     step_s: float = 1.0
     """Simulated seconds per EMA step between touches (our assumption)."""
-    head_granular: bool = True
-    """``kvsim mrc`` only: evict head groups (True) or whole blocks as in the engine (False)."""
+    head_granular: bool | None = None
+    """Evict head groups (True) or whole blocks (False). None keeps each tool's default:
+    head groups in ``kvsim mrc``, whole blocks in ``kvsim run`` (so existing engine results do not
+    change); ``ema-head.head_granular=true`` makes the engine's HBM tier a GroupPool."""
     tolerate_loss: float = 0.0
-    """Head-granular mrc only: a block missing groups still hits (lossily) if the attention
-    share it loses is at most this; 0 = lossless, any missing group is a miss."""
+    """Head-granular only: a block missing groups still hits (lossily) if the attention share
+    it loses is at most this; 0 = lossless, any missing group is a miss."""
 
 
 class HeadProfile:
@@ -99,6 +102,7 @@ class EmaHead(PriorityPolicy):
         # Ordering key per second: ln(1 / (1 - w)) / step_s (0 when w = 1: no memory, no decay).
         self.rate = -math.log(1.0 - p.ema_weight) / p.step_s if p.ema_weight < 1 else 0.0
         self.block_tokens = math.inf  # inferred: min request_tokens / (position + 1)
+        self.tolerate_loss = p.tolerate_loss
         self._scores: dict[int, tuple[float, list[float]]] = {}  # key -> (time, group scores)
 
     def context_blocks(self, info: BlockInfo) -> int:
@@ -118,6 +122,14 @@ class EmaHead(PriorityPolicy):
             return [w * a for a in attention]
         keep = (1.0 - w) ** ((info.now_s - since_s) / self.params.step_s) * (1.0 - w)
         return [w * a + keep * s for a, s in zip(attention, scores, strict=True)]
+
+    def head_groups(self) -> int:
+        """Groups the engine frees one by one: ``head_groups`` only when asked for explicitly."""
+        return self.params.head_groups if self.params.head_granular is True else 1
+
+    def group_attention(self, info: BlockInfo) -> list[float]:
+        """Each group's attention on ``info.position`` of the touching request's prompt."""
+        return self.profile.attention(info.position, self.context_blocks(info))
 
     def key_of(self, score: float, now_s: float) -> float:
         """Static ordering key of a score set at ``now_s`` (lower leaves first)."""
