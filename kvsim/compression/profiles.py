@@ -604,6 +604,11 @@ def _resolve_moe_nd(name: str, values: dict[str, Any]) -> Compression:
         )
     if "sensitivity" in values and "budget" not in values:
         raise ConfigError("compression moe-nd: sensitivity= is read only with budget=")
+    if "n_layers" in values and ("budget" not in values or "sensitivity" in values):
+        raise ConfigError(
+            "compression moe-nd: n_layers= sizes the synthetic table: give it with budget= "
+            "and without sensitivity="
+        )
     group = values.get("group", 32)
     if "layers" in values:
         configs = values["layers"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from kvsim.compression.profiles import Compression
 from kvsim.errors import ConfigError
@@ -192,12 +193,14 @@ def bytes_per_kept_token(
     layers = layer_bytes(spec, comp, kv_dtype, tp)
     if comp.name == "infinigen":
         return sum(_partial_key_bytes(comp, lb) for lb in layers)
-    weights = [1.0] * len(layers)
-    if comp.layer_count is not None:
-        keeps = [float(comp._keep_ratio(i)) for i in range(len(layers))]
-        mean = sum(keeps) / len(keeps)
-        weights = [k / mean for k in keeps]
-    return sum(w * lb.token_bytes for w, lb in zip(weights, layers, strict=True))
+    if comp.layer_count is None:
+        return float(sum(lb.token_bytes for lb in layers))
+    # exact arithmetic, so the weighted mean of equal widths is that width, not one ulp above
+    keeps = [comp._keep_ratio(i) for i in range(len(layers))]
+    total = sum(
+        (k * Fraction(lb.token_bytes) for k, lb in zip(keeps, layers, strict=True)), Fraction(0)
+    )
+    return float(total * len(keeps) / sum(keeps, Fraction(0)))
 
 
 def host_kv_bytes(
