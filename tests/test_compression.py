@@ -20,6 +20,7 @@ from kvsim.compression import (
     compressed_kv_bytes,
     compression_work,
     host_kv_bytes,
+    kv_layer_count,
     parse_compression,
     quality,
     quality_reason,
@@ -128,6 +129,7 @@ def test_sliding_layers_window_cap():
 
 def test_linear_layers_carry_no_per_token_kv():
     jamba = load_model("jamba-v0.1")  # 4 attention layers of 32 carry KV
+    assert kv_layer_count(jamba) == 4 and kv_layer_count(LLAMA8) == 32
     comp = parse_compression("quant:k=2,v=2,group=128,residual=0")
     assert bytes_per_kept_token(jamba, comp) == 4 * 8 * 2 * (32 + 4)
     with pytest.raises(ConfigError, match="4 KV layers"):

@@ -19,6 +19,7 @@ from kvsim.compression.sizing import (
     compressed_kv_bytes,
     compression_work,
     host_kv_bytes,
+    kv_layer_count,
     layer_bytes,
 )
 from kvsim.compression.solver import solve, synthetic_sensitivity
@@ -36,6 +37,7 @@ __all__ = [
     "compressed_kv_bytes",
     "compression_work",
     "host_kv_bytes",
+    "kv_layer_count",
     "layer_bytes",
     "parse_compression",
     "quality",

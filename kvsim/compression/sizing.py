@@ -42,6 +42,7 @@ __all__ = [
     "compressed_kv_bytes",
     "compression_work",
     "host_kv_bytes",
+    "kv_layer_count",
     "layer_bytes",
 ]
 
@@ -58,6 +59,16 @@ class LayerBytes:
     base_bytes: float  # one token at the base KV dtype, scales included
     token_bytes: float  # one kept token after compression (≤ base_bytes)
     quantised: bool
+
+
+def kv_layer_count(spec: ModelSpec) -> int:
+    """KV-storing layers of ``spec``: the layer indices per-layer profiles answer for.
+
+    Linear/Mamba and attention-free layers hold no per-token KV, and layers that reuse a
+    neighbour's KV (``kv_sharing_factor``) are not counted, so this can be below ``num_layers``
+    (jamba-v0.1: 4 of 32).
+    """
+    return sum(g.kv_layers for g in spec.layer_groups)
 
 
 def _vector_bytes(elements: int, bits: int, group: int) -> float:
@@ -110,18 +121,64 @@ def layer_bytes(
     return out
 
 
-def _kept(
-    comp: Compression,
-    lb: LayerBytes,
-    layer: int,
-    context_tokens: int,
-    generated_tokens: int,
-    window_cap: bool,
-) -> int:
-    kept = comp.kept_tokens(context_tokens, layer, generated_tokens)
-    if window_cap and lb.group.kind == "sliding" and lb.group.window is not None:
-        kept = min(kept, lb.group.window)
-    return kept
+@dataclass(frozen=True)
+class _LayerClass:
+    """Layers that keep the same tokens: one ``kept_tokens`` call serves them all."""
+
+    layer: int  # a representative KV layer index
+    window: int | None  # sliding window to cap at (window_cap only)
+    token_bytes: Fraction | int  # Σ bytes per kept token over the class's layers
+    residual_extra: Fraction | int  # Σ (base − token) bytes over its quantised layers
+
+
+_PLANS: dict[tuple[object, ...], tuple[ModelSpec, Compression, tuple[_LayerClass, ...]]] = {}
+
+
+def _plan(
+    spec: ModelSpec, comp: Compression, kv_dtype: str | KvDtype, tp: int, window_cap: bool
+) -> tuple[_LayerClass, ...]:
+    """The layer classes of ``_build_plan``, memoised by object identity.
+
+    The engine asks about the same spec and profile at many contexts; hashing a ModelSpec and a
+    32-layer profile on every call cost more than the arithmetic. The memo holds the objects
+    themselves, so an id is never reused while its entry lives.
+    """
+    key = (id(spec), id(comp), kv_dtype, tp, window_cap)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0] is spec and hit[1] is comp:
+        return hit[2]
+    plan = _build_plan(spec, comp, kv_dtype, tp, window_cap)
+    if len(_PLANS) >= 256:
+        _PLANS.clear()
+    _PLANS[key] = (spec, comp, plan)
+    return plan
+
+
+def _build_plan(
+    spec: ModelSpec, comp: Compression, kv_dtype: str | KvDtype, tp: int, window_cap: bool
+) -> tuple[_LayerClass, ...]:
+    """Layers grouped by what they keep, with exact byte sums."""
+    classes: dict[tuple[object, int | None], list] = {}
+    per_layer = comp.layer_count is not None
+    for index, lb in enumerate(layer_bytes(spec, comp, kv_dtype, tp)):
+        window = lb.group.window if window_cap and lb.group.kind == "sliding" else None
+        key = (comp._keep_ratio(index) if per_layer else None, window)
+        entry = classes.setdefault(key, [index, Fraction(0), Fraction(0)])
+        if comp.name == "infinigen":
+            entry[1] += Fraction(_partial_key_bytes(comp, lb))
+            continue
+        entry[1] += Fraction(lb.token_bytes)
+        if lb.quantised:
+            entry[2] += Fraction(lb.base_bytes) - Fraction(lb.token_bytes)
+    return tuple(
+        _LayerClass(layer, window, _exact(tok), _exact(extra))
+        for (_, window), (layer, tok, extra) in classes.items()
+    )
+
+
+def _exact(value: Fraction) -> Fraction | int:
+    """An int where the sum is whole (the usual case): int arithmetic is far faster."""
+    return value.numerator if value.denominator == 1 else value
 
 
 def compressed_kv_bytes(
@@ -149,16 +206,15 @@ def compressed_kv_bytes(
             compressed_kv_bytes(spec, c, context_tokens, kv_dtype, tp, generated_tokens, window_cap)
             for c in comp.candidates
         )
-    layers = layer_bytes(spec, comp, kv_dtype, tp)
     residual = comp.residual_tokens()
-    total = 0.0
-    for index, lb in enumerate(layers):
-        kept = _kept(comp, lb, index, context_tokens, generated_tokens, window_cap)
-        if comp.name == "infinigen":
-            total += kept * _partial_key_bytes(comp, lb)
-            continue
-        full = min(kept, residual) if lb.quantised else 0
-        total += full * lb.base_bytes + (kept - full) * lb.token_bytes
+    total: Fraction | int = 0
+    for cls in _plan(spec, comp, kv_dtype, tp, window_cap):
+        kept = comp.kept_tokens(context_tokens, cls.layer, generated_tokens)
+        if cls.window is not None:
+            kept = min(kept, cls.window)
+        total += kept * cls.token_bytes
+        if residual and cls.residual_extra:
+            total += min(kept, residual) * cls.residual_extra
     return math.ceil(total)
 
 
