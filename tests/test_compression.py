@@ -305,6 +305,45 @@ def test_parse_errors_are_one_line_and_name_the_key(text, needle):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "label"),
+    [
+        ("h2o:budget=12.5%", "h2o:budget=0.125,recent=0.0625"),
+        ("kvp:budget=1.", "kvp:budget=1.0"),
+        ("kvp:budget=.5", "kvp:budget=0.5"),
+        ("lkv:ratio=0.1234567890123456789", "lkv:ratio=0.1234567890123456789"),
+    ],
+)
+def test_ratio_labels_are_exact_decimals(text, label):
+    comp = parse_compression(text)
+    assert comp.label == label
+    assert parse_compression(label) == comp
+
+
+@pytest.mark.parametrize(
+    "text", ["h2o:budget=1e-1", "h2o:budget=-0.1", "lkv:ratio=1/3", "kvp:budget=0.2.1"]
+)
+def test_ratios_must_be_plain_decimals(text):
+    with pytest.raises(ConfigError, match="expected"):
+        parse_compression(text)
+
+
+def test_moe_nd_table_and_key_errors(tmp_path):
+    third = tmp_path / "third.csv"
+    third.write_text("layer,keep,kbits,vbits\n0,1/3,4,4\n")
+    with pytest.raises(ConfigError, match="row 1: keep must be a decimal"):
+        parse_compression(f"moe-nd:table={third}")
+    gap = tmp_path / "gap.csv"
+    gap.write_text("layer,keep,kbits,vbits\n0,1.0,4,4\n2,1.0,4,4\n")
+    with pytest.raises(ConfigError, match=r"numbered 0\.\.L-1"):
+        parse_compression(f"moe-nd:table={gap}")
+    with pytest.raises(ConfigError, match="n_layers= sizes the synthetic table"):
+        parse_compression("moe-nd:layers=1.0x4x4,n_layers=4")
+    with pytest.raises(ConfigError, match=r"missing\.csv"):
+        parse_compression(f"moe-nd:table={tmp_path / 'missing.csv'}")
+    assert len(parse_compression("moe-nd:budget=0.25,n_layers=80").layer_configs) == 80
+
+
 def test_unknown_profile_lists_the_valid_ones():
     with pytest.raises(UnknownNameError) as err:
         parse_compression("zip:level=9")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -73,9 +74,18 @@ class Profile:
 
 
 def _ratio_text(value: Fraction) -> str:
-    """Canonical decimal text of a ratio: shortest form that reads back to the same fraction."""
-    text = repr(float(value))
-    return text
+    """Exact decimal text of a ratio parsed from decimal text (its denominator is 2^a·5^b).
+
+    Exact, so the label reads back to the same fraction: ``repr(float)`` would round long inputs.
+    """
+    digits = 1
+    while (value * 10**digits).denominator != 1:
+        digits += 1
+        if digits > 64:
+            raise ValueError(f"{value} has no short decimal form")
+    whole = value.numerator * 10**digits // value.denominator
+    text = f"{whole // 10**digits}.{whole % 10**digits:0{digits}d}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
 
 
 def _amount_text(value: Amount) -> str:
@@ -404,12 +414,14 @@ def _parse_int(name: str, key: str, text: str, low: int = 1, high: int | None = 
     return value
 
 
+_DECIMAL = re.compile(r"(\d+\.?\d*|\.\d+)%?")
+
+
 def _parse_ratio(name: str, key: str, text: str) -> Fraction:
     what = "a ratio in (0, 1], e.g. 0.2 or 20%"
-    try:
-        value = Fraction(text[:-1]) / 100 if text.endswith("%") else Fraction(text)
-    except (ValueError, ZeroDivisionError):
-        raise _fail(name, key, text, what) from None
+    if not _DECIMAL.fullmatch(text) or len(text) > 24:
+        raise _fail(name, key, text, what)
+    value = Fraction(text[:-1]) / 100 if text.endswith("%") else Fraction(text)
     if not 0 < value <= 1:
         raise _fail(name, key, text, what)
     return value

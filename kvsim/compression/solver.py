@@ -153,6 +153,12 @@ def _config(row: dict[str, Any], shown: str, line: int) -> LayerConfig:
         raise ConfigError(f"{shown}: row {line}: keep, kbits, vbits must be numbers") from None
     if not 0 < keep <= 1:
         raise ConfigError(f"{shown}: row {line}: keep={float(keep)}: expected a ratio in (0, 1]")
+    rest = keep.denominator
+    for prime in (2, 5):
+        while rest % prime == 0:
+            rest //= prime
+    if rest != 1 or keep.denominator > 10**24:
+        raise ConfigError(f"{shown}: row {line}: keep must be a decimal such as 0.25")
     for name, bits in (("kbits", kbits), ("vbits", vbits)):
         if not 1 <= bits <= 16:
             raise ConfigError(f"{shown}: row {line}: {name}={bits}: expected 1-16")
