@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -193,7 +194,11 @@ def test_group_slots_are_never_over_capacity_lost_or_duplicated(
     assert pool.available == capacity and pool.used == 0
 
 
-def test_run_writes_lossy_hits_and_attention_mass_lost(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "tiers", [["--tiers", "hbm"], ["--tiers", "hbm,dram", "--hierarchy", "exclusive"]]
+)
+def test_run_writes_lossy_hits_and_attention_mass_lost(tmp_path: Path, tiers: list[str]) -> None:
+    """With DRAM below, blocks losing their first group are written down whole and loaded back."""
     out = tmp_path / "run"
     args = [
         sys.executable,
@@ -204,8 +209,7 @@ def test_run_writes_lossy_hits_and_attention_mass_lost(tmp_path: Path) -> None:
         "agentic",
         "--max-requests",
         "300",
-        "--tiers",
-        "hbm",
+        *tiers,
         "--num-gpu-blocks",
         "600",
         "--policy",
@@ -224,3 +228,5 @@ def test_run_writes_lossy_hits_and_attention_mass_lost(tmp_path: Path) -> None:
     assert lossy.sum() > 0 and (lost[lossy > 0] > 0).all() and (lost[lossy == 0] == 0).all()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["lossy_hits_per_request"] > 0 and summary["attention_mass_lost_per_request"] > 0
+    if "dram" in tiers[1]:
+        assert table.column("dram_tokens").to_numpy().sum() > 0

@@ -257,7 +257,8 @@ def simulate(
             config,
             settings,
             tier_block_bytes,
-            pool.refs.__contains__,
+            # a head-granular HBM holds a block for the tiers below only while it is whole
+            pool.holds_whole if isinstance(pool, GroupPool) else pool.refs.__contains__,
             shared,
             pieces,
             node=node,

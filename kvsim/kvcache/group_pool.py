@@ -19,7 +19,8 @@ class only when the HBM policy's ``head_groups()`` is above 1.
   copy takes the request's missing groups and the request's spare slots go back to the free
   count: the missing groups are re-inserted, never held twice.
 - Below HBM a block is written down whole when it first loses a group (it is still whole then);
-  a lower tier never holds part of a block.
+  a lower tier never holds part of a block, and to the hierarchy a block is in HBM only while it
+  is whole (``holds_whole``), so an exclusive hierarchy keeps the copy of a partial one.
 
 Scores are touched when a request hits a block (``acquire``) or registers it, and the group
 order is set when the block becomes evictable (``release``), from those scores.
@@ -73,6 +74,11 @@ class GroupPool(BlockPool):
     @property
     def used(self) -> int:
         return self.num_blocks - self.available
+
+    def holds_whole(self, key: int) -> bool:
+        """Whether every group of `key` is here (an exclusive hierarchy keeps a copy below of a
+        block HBM holds only part of)."""
+        return self.masks.get(key) == self.full
 
     def lost_share(self, mask: int, position: int) -> float:
         """Share of the current request's attention (``describe``) on the groups of the block at
