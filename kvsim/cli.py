@@ -108,6 +108,19 @@ def _format_summary(summary: dict[str, object], out: Path) -> str:
         ),
         ("cost", f"${s['cost_usd']:,.2f}  ({per_m} per M tokens)"),
     ]
+    if "compression" in s:
+        from kvsim.run import format_quality
+        from kvsim.units import format_bytes
+
+        rows.append(
+            (
+                "KV compression",
+                f"{s['compression']}: {format_bytes(s['kv_bytes_per_request_mean'])} per "
+                f"request (peak {format_bytes(s['kv_bytes_per_request_peak'])}), "
+                f"{format_bytes(s['peak_hbm_kv_bytes'])} in HBM at peak",
+            )
+        )
+        rows.append(("quality proxy", format_quality(s)))
     if s.get("tiers_per_replica"):
         rows.append(("tiers per replica", format_tiers_per_replica(s["tiers_per_replica"])))
     if s.get("slo_attainment") is not None:
@@ -257,6 +270,22 @@ def _default_out() -> Path:
     "--weight-dtype",
     type=click.Choice(_WEIGHT_DTYPES),
     help="Weight dtype. [default: the model's native one: fp8 for deepseek-v3, else bf16]",
+)
+@click.option(
+    "--compression",
+    help="KV compression NAME[:k=v,...]: none, quant:k=4,v=4, streaming, h2o:budget=0.2, "
+    "snapkv, lkv, kvp, moe-nd:budget=0.3, infinigen:budget=0.2, or auto. [default: none]",
+)
+@click.option(
+    "--auto-latency-budget",
+    "auto_latency_budget_s",
+    type=float,
+    help="auto: decode step a request's choice may cost, seconds. [default: 0.05]",
+)
+@click.option(
+    "--auto-memory-fraction",
+    type=float,
+    help="auto: share of a replica's KV memory one request may hold. [default: 0.05]",
 )
 @click.option("--block-size", type=int, help="Tokens per KV block. [default: 16]")
 @click.option("--max-num-seqs", type=int, help="Sequences per iteration. [default: 256]")
@@ -465,7 +494,9 @@ def run(
 
 # -- kvsim compare ---------------------------------------------------------------------------------
 def _settings(items: tuple[str, ...], option: str, lists: bool) -> dict[str, object]:
-    """'policy=lru,belady' pairs as {key: [values]} (or {key: value}); in tiers '+' joins."""
+    """'policy=lru,belady' pairs as {key: [values]} (or {key: value}); in tiers '+' joins.
+    Values that hold commas themselves (compression labels) are separated by ';' instead:
+    'compression=none;quant:k=4,v=4'."""
     out: dict[str, object] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -476,7 +507,8 @@ def _settings(items: tuple[str, ...], option: str, lists: bool) -> dict[str, obj
             )
         if key in out:
             raise KvsimError(f"--{option}: {key} given twice")
-        parts = [v.strip() for v in value.split(",")] if lists else [value.strip()]
+        sep = ";" if ";" in value or key == "compression" else ","
+        parts = [v.strip() for v in value.split(sep)] if lists else [value.strip()]
         if key == "tiers":
             parts = [v.replace("+", ",") for v in parts]
         if any(not v for v in parts):
@@ -499,7 +531,8 @@ def _settings(items: tuple[str, ...], option: str, lists: bool) -> dict[str, obj
     "--vary",
     multiple=True,
     required=True,
-    help="KEY=V1,V2,...: policy, tiers (hbm+dram), router, replicas, hardware, any run key.",
+    help="KEY=V1,V2,...: policy, tiers (hbm+dram), router, replicas, hardware, any run key; "
+    "values holding commas go between ';': compression=none;quant:k=4,v=4;h2o.",
 )
 @click.option("--baseline", multiple=True, help="KEY=VALUE: the baseline. [the first row]")
 @click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")

@@ -11,7 +11,9 @@ on the sweep executors, and returns a `Comparison`:
     table.rows[1].ratios["ttft_p99_s"], table.to_markdown(), table.to_json()
 
 Keys are the sweep spec's flat keys (`kvsim.sweep.spec.KEY_TYPES`: ``policy``, ``tiers``,
-``router``, ``replicas``, ``hardware``, ``prefetch``, ...). A ratio is the row's figure divided
+``router``, ``replicas``, ``hardware``, ``prefetch``, ``compression``, ...). Memory (mean KV
+per request, peak KV in HBM) and the quality proxy (published accuracy retained; "unpublished"
+where no number exists) stand beside latency and throughput. A ratio is the row's figure divided
 by the baseline's, None when either is missing or the baseline's is zero.
 """
 
@@ -39,6 +41,10 @@ FIGURES: dict[str, tuple[str, float]] = {
     "goodput_tokens_per_s": ("goodput tok/s", 1.0),
     "prefix_hit_ratio": ("hit ratio", 1.0),
     "cost_per_million_tokens_usd": ("$/M tok", 1.0),
+    # KV compression (issue 14): memory and quality beside latency and throughput
+    "kv_bytes_per_request_mean": ("KV MiB/req", 1.0 / 2**20),
+    "peak_hbm_kv_bytes": ("peak KV GiB", 1.0 / 2**30),
+    "quality_retained": ("quality", 1.0),
 }
 _HIT = "hit_ratio."  # prefix of the per-tier hit ratio figures
 
@@ -46,6 +52,10 @@ _HIT = "hit_ratio."  # prefix of the per-tier hit ratio figures
 def figures(summary: Mapping[str, Any]) -> dict[str, float | None]:
     """A run summary's compared figures: `FIGURES`, then ``hit_ratio.<tier>`` per tier."""
     out: dict[str, float | None] = {key: _number(summary.get(key)) for key in FIGURES}
+    quality = summary.get("quality")
+    out["quality_retained"] = (
+        _number(quality.get("retained")) if isinstance(quality, Mapping) else None
+    )
     for tier, ratio in summary.get("hit_ratio_by_tier", {}).items():
         out[_HIT + tier] = _number(ratio)
     return out
@@ -149,10 +159,10 @@ def _param(value: object) -> str:
 
 def _cell(key: str, value: float | None, rel: float | None) -> str:
     if value is None:
-        return "-"
+        return "unpublished" if key == "quality_retained" else "-"
     scale = 1.0 if key.startswith(_HIT) else FIGURES[key][1]
     scaled = value * scale
-    if key.startswith(_HIT) or key == "prefix_hit_ratio":
+    if key.startswith(_HIT) or key in ("prefix_hit_ratio", "quality_retained"):
         text = f"{scaled:.3f}"
     elif key == "cost_per_million_tokens_usd":
         text = f"{scaled:.4f}"

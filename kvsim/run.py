@@ -53,6 +53,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvsim import __version__, tomlwrite
+from kvsim.compression import parse_compression
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.settings import resolve_settings
 from kvsim.engine.simulation import ProgressFn, RunResult, simulate
@@ -235,6 +236,7 @@ def check_config(config: RunConfig) -> None:
         )
     if config.weight_dtype is not None:
         weight_dtype_bytes(config.weight_dtype)  # unknown names fail here, listing the valid
+    parse_compression(engine.compression)  # an unknown profile or key fails before any work
     settings = resolve_settings(engine)
     used = sorted(set(settings.policies.values()))
     for name, params in settings.policy_params.items():
@@ -292,10 +294,14 @@ def run(
     slo = Slo(config.slo_ttft_s, config.slo_tpot_s)
     model = load_model(config.model)
     weight_dtype = resolve_weight_dtype(config, model.weight_dtype)
+    # the resolved config records the compression's canonical label (defaults filled in)
+    compression = parse_compression(config.engine.compression)
     config = dataclasses.replace(
         config,
         weight_dtype=weight_dtype,
-        engine=dataclasses.replace(config.engine, weight_dtype=weight_dtype),
+        engine=dataclasses.replace(
+            config.engine, weight_dtype=weight_dtype, compression=compression.label
+        ),
     )
     profile = load_profile(config.hardware)
     if trace is None:
@@ -310,10 +316,70 @@ def run(
         "hardware": profile.name,
         "policy": config.engine.policy,
         **summarize(result, slo),
+        **compression_figures(result, compression),
     }
     summary["tiers_per_replica"] = tiers_per_replica(summary, profile, config.engine)
     summary["run_warnings"] = run_warnings(summary, result, config.engine)
     return RunOutcome(config, result, summary)
+
+
+def compression_figures(result: RunResult, comp: Any) -> dict[str, Any]:
+    """The run's KV compression, its memory and its quality proxy, for the summary.
+
+    ``kv_bytes_per_request_mean`` / ``_peak``: the most KV one request held at once (on one
+    rank), averaged over and maximal among completed requests; ``peak_hbm_kv_bytes``: the most
+    running requests held at once on one replica. ``quality``: the published accuracy retained
+    for the profile (benchmark, model, retained, source), or ``{"retained": None, "note": ...}``
+    saying that no published number exists; under auto, each candidate's and how many
+    requests chose it."""
+    t = result.requests
+    done = t.column("status").to_numpy(zero_copy_only=False) == "completed"
+    peaks = result.kv_peak_bytes[done] if result.kv_peak_bytes is not None else np.zeros(0)
+    out: dict[str, Any] = {
+        "compression": comp.label,
+        "kv_bytes_per_request_mean": float(peaks.mean()) if peaks.size else 0.0,
+        "kv_bytes_per_request_peak": int(peaks.max()) if peaks.size else 0,
+        "peak_hbm_kv_bytes": int(result.peak_hbm_kv_bytes),
+        "quality": quality_figures(comp),
+    }
+    if comp.name == "auto" and result.request_compression is not None:
+        labels = result.request_compression.to_numpy(zero_copy_only=False)
+        out["compression_chosen"] = {
+            c.label: int((labels == c.label).sum()) for c in comp.candidates
+        }
+        out["quality_by_candidate"] = {c.label: quality_figures(c) for c in comp.candidates}
+    return out
+
+
+def quality_figures(comp: Any) -> dict[str, Any]:
+    """One profile's published quality point as a flat dict, or the reason there is none."""
+    from kvsim.compression import quality, quality_reason
+
+    if comp.name == "none":
+        return {"retained": 1.0, "note": "uncompressed"}
+    if comp.name == "auto":
+        return {"retained": None, "note": "per request: see quality_by_candidate"}
+    point = quality(comp)
+    if point is None:
+        return {"retained": None, "note": quality_reason(comp)}
+    return {
+        "benchmark": point.benchmark,
+        "model": point.model,
+        "retained": point.retained,
+        "source": point.source,
+        "note": point.note,
+    }
+
+
+def format_quality(summary: dict[str, Any]) -> str:
+    """'retained 0.98 on LongBench (llama-3-8b; arXiv …)' or the reason there is no number."""
+    q = summary.get("quality") or {}
+    if q.get("retained") is None or "benchmark" not in q:
+        return str(q.get("note") or "no published number")
+    return (
+        f"retained {q['retained']:.3f} on {q['benchmark']} ({q.get('model', '?')}; "
+        f"{q.get('source', '?')})"
+    )
 
 
 # -- diagnostics -----------------------------------------------------------------------------------
@@ -557,7 +623,7 @@ class ResultsFolder:
     def write(self, outcome: RunOutcome) -> Path:
         """Write every result into the temporary folder, ``COMPLETE`` last, then rename it into
         place. Raises ConfigError (the temporary folder removed) when a write fails."""
-        tables = {"requests.parquet": outcome.result.requests}
+        tables = {"requests.parquet": outcome.result.requests_with_compression()}
         if outcome.result.timeline is not None:
             tables["timeline.parquet"] = outcome.result.timeline
         return self.write_files(outcome.config, outcome.summary, tables)

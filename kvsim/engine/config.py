@@ -110,6 +110,27 @@ class EngineConfig:
     timeline_interval_s: float = field(
         default=1.0, metadata={"help": "simulated seconds between timeline samples"}
     )
+    compression: str = field(
+        default="none",
+        metadata={
+            "help": "KV compression profile NAME[:k=v,...] (kvsim.compression: none, quant, "
+            "streaming, h2o, snapkv, lkv, kvp, moe-nd, infinigen) or auto (per request)"
+        },
+    )
+    auto_latency_budget_s: float = field(
+        default=0.05,
+        metadata={
+            "help": "auto: the decode step a request's choice may cost, in seconds "
+            "(our assumption: a 50 ms TPOT objective)"
+        },
+    )
+    auto_memory_fraction: float = field(
+        default=0.05,
+        metadata={
+            "help": "auto: the share of a replica's KV memory one request may hold "
+            "(our assumption: 1/20, room for about 20 long requests)"
+        },
+    )
     seed: int = field(default=0, metadata={"help": "the one seed all randomness flows from"})
     replicas: int = field(
         default=1, metadata={"help": "serving replicas of tp GPUs each (with pd: P + D)"}
@@ -209,6 +230,25 @@ class EngineConfig:
             raise ConfigError("engine.policy: expected a policy name, got ''")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"engine.seed: expected a non-negative integer, got {self.seed!r}")
+        if not isinstance(self.compression, str) or not self.compression.strip():
+            raise ConfigError(
+                f"engine.compression: expected a profile such as none or quant:k=4,v=4, "
+                f"got {self.compression!r}"
+            )
+        if not isinstance(self.auto_latency_budget_s, int | float) or not (
+            self.auto_latency_budget_s > 0
+        ):
+            raise ConfigError(
+                "engine.auto_latency_budget_s: expected a positive number of seconds, "
+                f"got {self.auto_latency_budget_s!r}"
+            )
+        if not isinstance(self.auto_memory_fraction, int | float) or not (
+            0 < self.auto_memory_fraction <= 1
+        ):
+            raise ConfigError(
+                "engine.auto_memory_fraction: expected a share in (0, 1], "
+                f"got {self.auto_memory_fraction!r}"
+            )
         for name in ("prefetch_lead_s", "timeline_interval_s", "router_refresh_s"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not value >= 0:

@@ -27,10 +27,12 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
+from kvsim.engine.compress import EngineCompression
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.request import Request
 from kvsim.hardware.measured import CostModel
 from kvsim.kvcache.block_table import BlockTable
+from kvsim.kvcache.link import Link
 from kvsim.kvcache.manager import COMPUTE, KVCacheManager
 
 MAX_COALESCED_STEPS = 4096
@@ -78,6 +80,15 @@ class Replica:
         self.node = node
         # a prefill replica hands each prompt on instead of decoding: nothing to coalesce
         self.coalesce = config.coalesce_decode and role != "prefill"
+        # KV compression (kvsim.engine.compress), set by the simulation: iterations are priced
+        # per request; a token-dropping profile's decoding requests hold only their kept
+        # tokens' blocks; InfiniGen fetches each step's tokens over the host link
+        self.compressed = False
+        self.compacting = False
+        # every request's profile is this one and its reads grow one token a step (quant):
+        # iterations and runs are priced in one numpy pass, as uncompressed ones are
+        self.linear: EngineCompression | None = None
+        self.host_link: Link | None = None
         # P/D hooks, set by the cluster: a prompt is computed here (hand it on); pull a
         # request's prompt KV from its prefill replica (the event fires when it has arrived)
         self.on_prefilled: Callable[[Request, BlockTable], None] | None = None
@@ -191,15 +202,134 @@ class Replica:
                     n -= reused
                 if n:
                     prefill.append((n, req.computed))
-            duration = self.cost.iteration_time_s(prefill, decode)
+            fetch = 0.0
+            linear = self.linear
+            if linear is not None:
+                contexts = np.asarray(decode, dtype=np.float64)
+                duration = self.cost.iteration_time_s(prefill, linear.equivalent_array(contexts))
+                duration += (
+                    linear.read_s * float(contexts.sum())
+                    + linear.new_token_s * len(decode)
+                    + linear.prefill_token_s * sum(n for n, _ in prefill)
+                )
+            elif self.compressed:
+                duration, fetch = self._compressed_iteration_s(batch, prefill)
+            else:
+                duration = self.cost.iteration_time_s(prefill, decode)
             duration += rotated * kv.rerotate_s_per_token
             if self.gated:
                 yield from self._gated_iteration(batch, duration)
+            elif fetch:
+                start = env.now
+                yield from self._fetching(duration, fetch)
+                duration = env.now - start
             else:
                 yield env.timeout(duration)
             self.busy_s += duration
             self.iterations += 1
             self._complete(batch)
+
+    # -- compression (kvsim.engine.compress) ------------------------------------------------------
+    def _compressed_iteration_s(
+        self, batch: list[tuple[Request, int]], prefill: list[tuple[int, int]]
+    ) -> tuple[float, float]:
+        """(seconds, bytes to fetch from CPU DRAM) of an iteration whose requests carry a
+        compression: decode attention reads what each keeps (in uncompressed-token
+        equivalents), prefill attention the whole prompt, plus each profile's own work."""
+        decode: list[float] = []
+        extra = 0.0
+        fetch = 0.0
+        written = 0.0
+        for req, n in batch:
+            comp = req.comp
+            if n != 1:  # a prefill chunk: scored, quantised, written to DRAM as it is computed
+                if comp is not None:
+                    extra += n * comp.prefill_token_s
+                    written += n * comp.host_bytes_per_new_token
+                continue
+            c = req.computed
+            if comp is None or (comp.drops and not req.table.compacted):
+                decode.append(c)  # uncompressed, or its last prompt token: all KV is there
+                continue
+            g = max(c - req.input_tokens, 0)
+            decode.append(comp.equivalent_tokens(c, g))
+            extra += comp.decode_extra_s(c, g)
+            if comp.offload:
+                fetch += comp.fetch_bytes(c)
+                written += comp.host_bytes_per_new_token
+        if written and self.host_link is not None:  # new KV written to DRAM in the background
+            self.host_link.transfer(int(written), write=True)
+        return self.cost.iteration_time_s(prefill, decode) + extra, fetch
+
+    def _fetching(self, compute_s: float, fetch_bytes: float):
+        """InfiniGen: layer l's KV is fetched while layer l-1 computes (arXiv 2406.19707, S5),
+        so an iteration takes max(compute, fetch); the fetch shares the host link with tier
+        traffic to DRAM."""
+        assert self.host_link is not None
+        done = self.host_link.transfer(int(fetch_bytes))
+        yield self.env.timeout(compute_s)
+        if not done.triggered:
+            yield done
+
+    def _linear_run_ends(
+        self, linear: EngineCompression, contexts: np.ndarray, steps: int
+    ) -> np.ndarray:
+        """`decode_run_ends_s` under a profile whose reads are linear in the context (quant):
+        each step adds one packed token per sequence, and its dequantising and quantising."""
+        eq0 = linear.equivalent_array(contexts)
+        last = steps - 1
+        growth = (
+            float((linear.equivalent_array(contexts + last) - eq0).sum()) / last if last else 0.0
+        )
+        ends = self.cost.decode_run_ends_s(eq0, steps, growth)
+        n = len(contexts)
+        work = linear.read_s * (float(contexts.sum()) + n * np.arange(steps, dtype=np.float64))
+        return ends + np.cumsum(work + linear.new_token_s * n)
+
+    def _fetch_bound(self, ends: np.ndarray, fetch_bytes: float) -> np.ndarray:
+        """InfiniGen in a coalesced run: step k ends no sooner than k/steps of the run's fetch,
+        at the host link's rate shared with the transfers on it as the run starts; the fetch
+        goes on the link as one transfer, so tier traffic shares the link with it."""
+        link = self.host_link
+        assert link is not None
+        steps = len(ends)
+        alone = link.work_s(int(fetch_bytes))
+        fetch_s = link.latency_s + alone * link.read_slowdown()
+        link.transfer(int(fetch_bytes))
+        fetched = fetch_s * np.arange(1, steps + 1, dtype=np.float64) / steps
+        return np.maximum(ends, fetched)
+
+    def _compressed_run_ends(self, running: list[Request], steps: int) -> tuple[np.ndarray, float]:
+        """`decode_run_ends_s` of a run whose requests carry a compression, and the bytes it
+        fetches from CPU DRAM: each sequence's reads and work are taken at the run's first and
+        last step and interpolated in between (exact where they are linear in the context)."""
+        last = steps - 1
+        eq0 = np.empty(len(running))
+        eq1 = np.empty(len(running))
+        extra0 = extra1 = fetch0 = fetch1 = written = 0.0
+        for i, req in enumerate(running):
+            comp = req.comp
+            c = req.computed
+            if comp is None:
+                eq0[i], eq1[i] = c, c + last
+                continue
+            g = max(c - req.input_tokens, 0)
+            eq0[i] = comp.equivalent_tokens(c, g)
+            eq1[i] = comp.equivalent_tokens(c + last, g + last)
+            extra0 += comp.decode_extra_s(c, g)
+            extra1 += comp.decode_extra_s(c + last, g + last)
+            if comp.offload:
+                fetch0 += comp.fetch_bytes(c)
+                fetch1 += comp.fetch_bytes(c + last)
+                written += comp.host_bytes_per_new_token
+        growth = float(eq1.sum() - eq0.sum()) / last if last else 0.0
+        ends = self.cost.decode_run_ends_s(eq0, steps, growth)
+        if extra0 or extra1:
+            slope = (extra1 - extra0) / last if last else 0.0
+            ends = ends + np.cumsum(extra0 + slope * np.arange(steps, dtype=np.float64))
+        if written and self.host_link is not None:
+            self.host_link.transfer(int(written * steps), write=True)
+        return ends, (fetch0 + fetch1) / 2 * steps
 
     # -- scheduling --------------------------------------------------------------------------------
     def _blocks_for(self, tokens: int) -> int:
@@ -243,7 +373,11 @@ class Replica:
                 if n <= 0:
                     i += 1
                     continue
-            need = self._blocks_for(req.computed + n) - req.table.held_blocks
+            if req.table.compacted:
+                t = req.computed + n
+                need = req.comp.kept_blocks(t, t - req.input_tokens) - req.table.held_blocks
+            else:
+                need = self._blocks_for(req.computed + n) - req.table.held_blocks
             while not kv.allocate_slots(req, need):
                 victim = running.pop()
                 self._preempt(victim)
@@ -432,6 +566,9 @@ class Replica:
                 if req.handoff is not None:  # a prefill replica's work is done: hand it on
                     handed.append(req)
                     continue
+                comp = req.comp
+                if self.compacting and comp is not None and comp.drops and not req.table.compacted:
+                    kv.compact(req, now)  # the prompt was scored whole: keep what is kept
                 self.outstanding_tokens += 1
                 req.generated += 1
                 req.known += 1
@@ -498,7 +635,23 @@ class Replica:
 
     def _blocks_needed(self, computed: np.ndarray, held: np.ndarray, steps: int) -> int:
         bs = self.block_size
+        if self.compacting:
+            return self._kept_blocks_needed(computed, held, steps)
         return int(np.maximum(-(-(computed + steps) // bs) - held, 0).sum())
+
+    def _kept_blocks_needed(self, computed: np.ndarray, held: np.ndarray, steps: int) -> int:
+        """`_blocks_needed` when compacted requests hold only their kept tokens' blocks."""
+        bs = self.block_size
+        total = 0
+        for req, c, h in zip(self.running, computed.tolist(), held.tolist(), strict=True):
+            t = c + steps
+            if req.table.compacted:
+                blocks = req.comp.kept_blocks(t, t - req.input_tokens)
+            else:
+                blocks = -(-t // bs)
+            if blocks > h:
+                total += blocks - h
+        return total
 
     @staticmethod
     def _block_counts(running: list[Request]) -> tuple[np.ndarray, np.ndarray]:
@@ -533,8 +686,21 @@ class Replica:
     def _decode_run(self, steps: int, need: int):
         env = self.env
         running = list(self.running)  # the batch of this run; a load may append to the list
-        contexts = np.fromiter((r.computed for r in running), dtype=np.float64, count=len(running))
-        ends = self.cost.decode_run_ends_s(contexts, steps)
+        linear = self.linear
+        if linear is not None:
+            contexts = np.fromiter(
+                (r.computed for r in running), dtype=np.float64, count=len(running)
+            )
+            ends = self._linear_run_ends(linear, contexts, steps)
+        elif self.compressed:
+            ends, fetch = self._compressed_run_ends(running, steps)
+            if fetch:
+                ends = self._fetch_bound(ends, fetch)
+        else:
+            contexts = np.fromiter(
+                (r.computed for r in running), dtype=np.float64, count=len(running)
+            )
+            ends = self.cost.decode_run_ends_s(contexts, steps)
         self.run_reserved_blocks = need
         start = env.now
         if self.round_left:  # a multi-step round: nothing cuts it
@@ -570,7 +736,11 @@ class Replica:
         finished = False
         kv.hold_writes()
         for req in batch:
-            need = self._blocks_for(req.computed + steps) - req.table.held_blocks
+            if req.table.compacted:
+                t = req.computed + steps
+                need = req.comp.kept_blocks(t, t - req.input_tokens) - req.table.held_blocks
+            else:
+                need = self._blocks_for(req.computed + steps) - req.table.held_blocks
             ok = kv.allocate_slots(req, need)
             assert ok, "coalesced decode ran out of blocks it had counted"
             if req.generated == 0:  # its last prompt token went in the first step
@@ -580,6 +750,9 @@ class Replica:
             req.known += steps
             if req.computed // bs > req.table.processed_blocks:  # a block filled up
                 kv.commit(req, now)
+            comp = req.comp
+            if self.compacting and comp is not None and comp.drops and not req.table.compacted:
+                kv.compact(req, now)  # its last prompt token went in the first step
             if req.generated >= req.output_tokens:
                 self._finish(req, now)
                 finished = True

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvsim.kvcache.block_table import BlockTable
+
+if TYPE_CHECKING:
+    from kvsim.engine.compress import EngineCompression
 
 
 class Request:
@@ -21,6 +26,7 @@ class Request:
         "arrival_s",
         "attention_mass_lost",
         "cached_tokens",
+        "comp",
         "computed",
         "finish_s",
         "first_token_s",
@@ -30,6 +36,7 @@ class Request:
         "index",
         "input_tokens",
         "known",
+        "kv_peak_blocks",
         "load_started_s",
         "load_wait_s",
         "lossy_hits",
@@ -73,6 +80,10 @@ class Request:
         self.handoff: str | None = None
         self.transfer_bytes = 0
         self.table = BlockTable()
+        # its KV compression (kvsim.engine.compress.EngineCompression; None: uncompressed,
+        # chosen at admission under auto) and the most blocks it held at once
+        self.comp: EngineCompression | None = None
+        self.kv_peak_blocks = 0
         self.gate = None  # a load from below its compute overlaps (engine.replica.LoadGate)
 
     # read-only views of the block table (tests and reports read them)

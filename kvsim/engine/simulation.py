@@ -13,6 +13,7 @@ import simpy
 
 from kvsim.capacity import profile_capacity_report
 from kvsim.engine.cluster import Attribution, CacheView, Cluster, node_of
+from kvsim.engine.compress import AutoChooser, EngineCompression, page_bytes, parse, salted
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.replica import Replica
 from kvsim.engine.request import Request
@@ -21,11 +22,12 @@ from kvsim.engine.tiers import (
     build_hierarchy,
     build_shared_tiers,
     fabric_link,
+    host_link,
     hourly_cost_usd,
     layer_pieces,
     resolve_profile,
 )
-from kvsim.errors import KvsimError
+from kvsim.errors import ConfigError, KvsimError
 from kvsim.hardware.measured import make_cost_model
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.kvcache import BlockPool
@@ -75,13 +77,39 @@ class RunResult:
     attribution: Attribution | None = None
     pd: dict[str, int] = field(default_factory=dict)  # set for a P/D run
     warnings: list[str] = field(default_factory=list)  # settings that did nothing
+    # KV compression (kvsim.engine.compress): the run's canonical label, each request's
+    # label (one value unless auto) and the most KV bytes it held at once (on one rank),
+    # and the most KV bytes running requests held at once on one replica (one rank)
+    compression: str = "none"
+    request_compression: pa.Array | None = None
+    kv_peak_bytes: np.ndarray | None = None
+    peak_hbm_kv_bytes: int = 0
+
+    def requests_with_compression(self) -> pa.Table:
+        """`requests` with the columns every requests.parquet has: ``compression`` (the label
+        each request ran with) and ``kv_peak_bytes`` (kept apart so that the table of a run
+        without compression stays the one earlier versions wrote, byte for byte)."""
+        t = self.requests
+        if "compression" not in t.column_names:
+            labels = self.request_compression
+            if labels is None:
+                labels = pa.array([self.compression] * t.num_rows, pa.string())
+            t = t.append_column("compression", labels)
+        if "kv_peak_bytes" not in t.column_names and self.kv_peak_bytes is not None:
+            t = t.append_column("kv_peak_bytes", pa.array(self.kv_peak_bytes))
+        return t
 
 
 def kv_blocks_for(
-    model: ModelSpec, profile: HardwareProfile, config: EngineConfig
+    model: ModelSpec,
+    profile: HardwareProfile,
+    config: EngineConfig,
+    block_bytes: int | None = None,
 ) -> tuple[int, int]:
-    """(KV blocks per replica, bytes of one block on one rank) from HBM left after weights."""
-    block_bytes = kv_bytes_per_block(model, config.block_size, config.kv_dtype, config.tp)
+    """(KV blocks per replica, bytes of one block on one rank) from HBM left after weights;
+    `block_bytes` when a compression makes pages smaller (kvsim.engine.compress.page_bytes)."""
+    if block_bytes is None:
+        block_bytes = kv_bytes_per_block(model, config.block_size, config.kv_dtype, config.tp)
     if config.num_gpu_blocks is not None:
         return config.num_gpu_blocks, block_bytes
     report = profile_capacity_report(
@@ -130,9 +158,13 @@ class _TraceRequests:
         table = req.table
         lo, hi = self.seg_offsets[i], self.seg_offsets[i + 1]
         out_hash, out_tokens = int(self.output_hash[i]), int(self.output_tokens[i])
-        table.hashes = sequence_block_hashes(
+        hashes = sequence_block_hashes(
             self.seg_hash[lo:hi], self.seg_tokens[lo:hi], out_hash, out_tokens, self.block_size
-        ).tolist()
+        )
+        comp = req.comp
+        if comp is not None and comp.salt:  # blocks of another compression never match
+            hashes = salted(hashes, comp.salt)
+        table.hashes = hashes.tolist()
         if with_segments:
             kinds, tokens = self.seg_kinds[lo:hi], self.seg_tokens[lo:hi]
             ends = np.cumsum(tokens)
@@ -165,14 +197,16 @@ class _TraceRequests:
         return follows
 
 
-def future_uses(source: _TraceRequests, block_size: int) -> FutureUses:
+def future_uses(source: _TraceRequests, block_size: int, salt: int = 0) -> FutureUses:
     """For an offline oracle (Belady): when is a block next part of an arriving prompt?
 
     Uses each request's nominal `arrival_s`; closed-loop turns arrive when the simulation says,
-    so for them this is the trace's estimate, the best an oracle given the trace can know."""
+    so for them this is the trace's estimate, the best an oracle given the trace can know.
+    `salt`: the run's compression (under auto, chosen per request, the oracle sees none)."""
     offsets, hashes = batch_block_hashes(
         source.seg_offsets, source.seg_hash, source.seg_tokens, block_size
     )
+    hashes = salted(hashes, salt)
     return FutureUses(hashes, np.repeat(source.arrival_s, np.diff(offsets)))
 
 
@@ -188,10 +222,31 @@ def simulate(
     settings = resolve_settings(config)
     profile = resolve_profile(profile, settings)
     unused_settings = settings.unused([t.name for t in profile.tiers if t.enabled])
-    num_blocks, block_bytes = kv_blocks_for(model, profile, config)
+    comp = parse(config.compression)
+    if comp.name != "none" and config.pd_split is not None:
+        raise ConfigError(
+            "engine.compression: prefill/decode disaggregation moves uncompressed prompts; "
+            "compression with --pd is not modelled"
+        )
+    auto = comp.name == "auto"
+    candidates = comp.candidates if auto else (comp,)
+    bs, dtype, tp = config.block_size, config.kv_dtype, config.tp
+    # under auto a page must hold the least compressed candidate's tokens
+    pages = max(page_bytes(model, c, bs, dtype, tp) for c in candidates)
+    num_blocks, block_bytes = kv_blocks_for(
+        model, profile, config, None if comp.name == "none" else pages
+    )
     cost = make_cost_model(
         model, profile, tp=config.tp, kv_dtype=config.kv_dtype, weight_dtype=config.weight_dtype
     )
+    rates = cost.roofline.rates if hasattr(cost, "roofline") else cost.rates
+    engines = [
+        EngineCompression(c, i, model, dtype, tp, bs, block_bytes, rates)
+        for i, c in enumerate(candidates)
+    ]
+    run_comp = None if comp.name == "none" or auto else engines[0]
+    compacting = any(e.drops for e in engines)
+    offloading = any(e.offload for e in engines)
     count = config.replica_count
     split = config.pd_split
     roles = ["mixed"] * count if split is None else ["prefill"] * split[0] + ["decode"] * split[1]
@@ -220,8 +275,12 @@ def simulate(
     log = RequestLog(source.n, sum(1 for t in profile.tiers if t.name != "hbm" and t.enabled))
     live: dict[int, Request] = {}  # issued or about to be, not yet recorded
 
+    comp_codes = np.zeros(source.n, dtype=np.int16)  # each request's index into `engines`
+    kv_peak_blocks = np.zeros(source.n, dtype=np.int64)
+
     def request(i: int) -> Request:
         req = live[i] = Request(i, int(source.input_tokens[i]), int(source.output_tokens[i]))
+        req.comp = run_comp
         return req
 
     replicas: list[Replica] = []
@@ -230,6 +289,9 @@ def simulate(
         nonlocal completed
         completed += 1
         log.record(req)
+        kv_peak_blocks[req.index] = req.kv_peak_blocks
+        if req.comp is not None:
+            comp_codes[req.index] = req.comp.code
         del live[req.index]
         if progress is not None:
             progress(completed, source.n)
@@ -268,7 +330,7 @@ def simulate(
         if future is None and (
             policy.needs_future or any(t.policy.needs_future for t in hierarchy.tiers)
         ):
-            future = future_uses(source, config.block_size)
+            future = future_uses(source, config.block_size, run_comp.salt if run_comp else 0)
         describes = pool.describes
 
         def load_chain(req: Request, describes: bool = describes) -> None:
@@ -289,7 +351,14 @@ def simulate(
             load_overlap=config.load_overlap,
             layers=model.num_layers,
         )
-        replicas.append(Replica(env, config, kv, cost, on_finish, index, role, node))
+        replica = Replica(env, config, kv, cost, on_finish, index, role, node)
+        replica.compressed = comp.name != "none"
+        replica.compacting = compacting
+        if run_comp is not None and run_comp.linear_reads and not run_comp.offload:
+            replica.linear = run_comp
+        if offloading:  # InfiniGen's fetches ride the host link tier traffic to DRAM uses
+            replica.host_link = host_link(env, profile, config, hierarchy)
+        replicas.append(replica)
 
     view = CacheView(env, replicas, cost, config.max_num_batched_tokens, config.router_refresh_s)
     nvlink_bytes_per_s = profile.gpu.interconnect_bandwidth_bytes_per_s * config.tp
@@ -318,9 +387,26 @@ def simulate(
     )
     one = replicas[0] if count == 1 else None
 
+    chooser = None
+    if auto:
+        memory = config.auto_memory_fraction * num_blocks * block_bytes
+        chooser = AutoChooser(engines, cost, config.auto_latency_budget_s, memory, replicas)
+
+    def too_large(req: Request) -> bool:
+        """A request that can never fit: more blocks than a replica has at its peak."""
+        total = req.input_tokens + req.output_tokens
+        c = req.comp
+        if c is None or not c.drops:
+            reserved = c.reserved_blocks(total) if c is not None else 0
+            return total > capacity_tokens - reserved * config.block_size
+        prompt = -(-req.input_tokens // config.block_size)
+        return max(prompt, c.kept_blocks(total, req.output_tokens)) > num_blocks
+
     def issue(req: Request) -> None:
         timeline.wake()
-        if req.input_tokens + req.output_tokens > capacity_tokens:
+        if chooser is not None:
+            req.comp = chooser.choose(req)
+        if too_large(req):
             # like a prompt beyond max_model_len: it can never fit, so it is refused at once
             log.rejected[req.index] = True
             req.arrival_s = env.now
@@ -358,6 +444,9 @@ def simulate(
     is_cluster = count > 1
     for req in live.values():  # still in the system: unfinished
         log.record(req)
+        kv_peak_blocks[req.index] = req.kv_peak_blocks
+        if req.comp is not None:
+            comp_codes[req.index] = req.comp.code
     table = log.table(
         source,
         replicas[0].kv.hierarchy,
@@ -397,6 +486,14 @@ def simulate(
         if split
         else {},
         warnings=unused_settings,
+        compression=comp.label,
+        request_compression=pa.DictionaryArray.from_arrays(
+            pa.array(comp_codes), pa.array([e.label for e in engines], pa.string())
+        ).cast(pa.string())
+        if auto
+        else None,
+        kv_peak_bytes=kv_peak_blocks * block_bytes,
+        peak_hbm_kv_bytes=max(r.kv.peak_used_blocks for r in replicas) * block_bytes,
     )
 
 

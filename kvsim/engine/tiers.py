@@ -230,3 +230,19 @@ def hourly_cost_usd(
             share = min(replicas * share, 1.0) if spec.name in SHARED_TIERS else replicas * share
             out[spec.name] = spec.capacity_bytes * share / 1e9 * spec.usd_per_gb_hour
     return out
+
+
+def host_link(
+    env: simpy.Environment, profile: HardwareProfile, config: EngineConfig, hierarchy: Hierarchy
+) -> Link:
+    """The replica's path to host DRAM: the dram tier's link when the tier is enabled (so
+    offloaded KV fetches and tier traffic share it), else one like it, else the GPUs' host
+    links (a profile without a dram tier)."""
+    for tier in hierarchy.tiers:
+        if tier.name == "dram":
+            return tier.link
+    for spec in profile.tiers:
+        if spec.name == "dram":
+            return _link(env, profile, spec, config.tp)
+    rate = profile.gpu.host_link_bandwidth_bytes_per_s * config.tp
+    return Link(env, "host", rate, rate, 0.0)

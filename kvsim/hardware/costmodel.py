@@ -256,12 +256,20 @@ class RooflineCostModel(ChunkedPrefill):
         t = self.linear_s(tokens, sequences) + self._attention_s(flops, nbytes)
         return float(t) + self.overhead_s
 
-    def decode_run_ends_s(self, contexts: np.ndarray, steps: int) -> np.ndarray:
+    def decode_run_ends_s(
+        self, contexts: np.ndarray, steps: int, growth: float | None = None
+    ) -> np.ndarray:
         """Cumulative end times of `steps` consecutive decode iterations of an unchanged batch
-        whose sequences start at `contexts`; each step adds one token to every context."""
+        whose sequences start at `contexts`; each step adds one token to every context, or,
+        given `growth`, that many tokens to the batch's summed context (a KV compression's
+        attention reads: kvsim.engine.compress)."""
         n = len(contexts)
         offsets = np.arange(steps, dtype=np.float64)
-        if self.windowed:
+        if growth is not None:
+            attended = float(contexts.sum()) + growth * offsets + n
+            flops = attended * self.flops_per_pair
+            nbytes = attended * self.kv_bytes_per_token + n * self.state_bytes_per_seq
+        elif self.windowed:
             work = contexts[None, :].astype(np.float64) + offsets[:, None]
             flops, nbytes = self._decode_work(work)
         else:

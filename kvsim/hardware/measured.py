@@ -749,12 +749,21 @@ class MeasuredCostModel(ChunkedPrefill):
             total += float(self.decode_attention_s(contexts)[0])
         return total + self.overhead_s
 
-    def decode_run_ends_s(self, contexts: np.ndarray, steps: int) -> np.ndarray:
-        """Cumulative ends of ``steps`` decode iterations of an unchanged batch."""
+    def decode_run_ends_s(
+        self, contexts: np.ndarray, steps: int, growth: float | None = None
+    ) -> np.ndarray:
+        """Cumulative ends of ``steps`` decode iterations of an unchanged batch (``growth``:
+        tokens the summed context gains per step, as in ``RooflineCostModel``)."""
         n = len(contexts)
         fixed = float(self.linear_time_s(n, n)) + self.overhead_s
         offsets = np.arange(steps, dtype=np.float64)
-        if self.windowed:
+        if growth is not None:
+            mean = float(np.mean(contexts)) + growth / max(n, 1) * offsets
+            attn = np.zeros(steps)
+            for layers, _, _, fpp, _ in self.att.groups:
+                scale = fpp / self.att.decode_fpp if self.att.decode_fpp else 1.0
+                attn += layers * scale * self.decode(float(n), np.maximum(mean, 1.0))
+        elif self.windowed:
             work = contexts[None, :].astype(np.float64) + offsets[:, None]
             attn = self.decode_attention_s(work)
         else:

@@ -14,6 +14,8 @@ class BlockTable:
     """Slotted, allocation-free block state of one request on one replica."""
 
     __slots__ = (
+        "cache_limit",
+        "compacted",
         "hashes",
         "held_blocks",
         "held_cached",
@@ -22,6 +24,7 @@ class BlockTable:
         "pic_next",
         "pic_segments",
         "processed_blocks",
+        "reserved",
         "rope_ranges",
     )
 
@@ -33,6 +36,9 @@ class BlockTable:
         self.pic_segments: list[tuple[int, int, int]] | None = None
         # (pool, its version, limit, hit, evictable) of the last prefix lookup
         self.hit_memo: tuple[object, int, int, int, int] | None = None
+        # compression: leading blocks that may be offered to the prefix cache (the rest are
+        # compacted, no longer at their prefix positions); set at admission
+        self.cache_limit = 1 << 62
         self.reset()
 
     def reset(self) -> None:
@@ -40,6 +46,8 @@ class BlockTable:
         self.held_blocks = 0  # blocks allocated to this request (cached or not)
         self.held_cached: list[int] = []  # positions of held blocks that are in the prefix cache
         self.processed_blocks = 0  # leading full blocks already offered to the cache
+        self.compacted = False  # a token-dropping compression shrank the prompt's KV
+        self.reserved = 0  # blocks held beside the token blocks (quant's full-width residual)
         self.pic_next = 0
         self.rope_ranges: list[tuple[int, int]] | None = None
 

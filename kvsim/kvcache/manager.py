@@ -60,6 +60,7 @@ class KVCacheManager:
         self.rerotate_s_per_token = rerotate_s_per_token
         self.block_ops = 0
         self.prefetched_blocks = 0
+        self.peak_used_blocks = 0  # most blocks running requests held at once
         self.load_overlap = load_overlap  # kvsim.kvcache.overlap: none, layerwise, bidirectional
         self.layers = layers  # the model's layers, the stages of a layer-wise load
         # position-independent reuse: segment hash -> block hashes holding its KV somewhere
@@ -114,10 +115,16 @@ class KVCacheManager:
             limit = min((req.known - 1) // self.block_size, len(hashes))
             load = self._worth_loading(req, hit, self.hierarchy.chain(hashes, hit, limit))
             if load:
-                return hit, evictable, load, 0, len(load)
+                return hit, evictable, load, 0, len(load) + self._reserved(req)
         start = hit * self.block_size
         n = min(req.known - start, budget)
-        return hit, evictable, [], n, self._blocks_for(start + n) - hit
+        return hit, evictable, [], n, self._blocks_for(start + n) - hit + self._reserved(req)
+
+    @staticmethod
+    def _reserved(req: Request) -> int:
+        """Blocks a request holds beside its tokens' (quant's residual buffer), or 0."""
+        comp = req.comp
+        return 0 if comp is None else comp.reserved_blocks(req.input_tokens + req.output_tokens)
 
     def _worth_loading(
         self, req: Request, hit: int, found: list[int], overlap: str | None = None
@@ -204,7 +211,14 @@ class KVCacheManager:
         pool.allocate(need)
         self.block_ops += hit + need
         req.computed = hit * self.block_size
-        table.held_blocks = hit + need
+        comp = req.comp
+        if comp is not None:
+            table.reserved = self._reserved(req)
+            table.cache_limit = comp.cache_limit(
+                req.input_tokens, req.input_tokens + req.output_tokens
+            )
+        table.held_blocks = hit + need - table.reserved
+        self._held(req)
         table.held_cached = list(range(hit))
         table.processed_blocks = hit
         if not load and self.rope_reuse:
@@ -250,7 +264,46 @@ class KVCacheManager:
             return False
         req.table.held_blocks += need
         self.block_ops += need
+        self._held(req)
         return True
+
+    def _held(self, req: Request) -> None:
+        """Keep the peaks the summary reports: the request's blocks, the pool's in use."""
+        held = req.table.held_blocks + req.table.reserved
+        if held > req.kv_peak_blocks:
+            req.kv_peak_blocks = held
+        used = self.pool.used
+        if used > self.peak_used_blocks:
+            self.peak_used_blocks = used
+
+    def compact(self, req: Request, now_s: float) -> None:
+        """A token-dropping compression ends the prefill: the request keeps the pages its kept
+        tokens fill (`EngineCompression.kept_blocks`) and frees the rest. Kept tokens no longer
+        sit at their prefix positions, so cached blocks past the position-exact ones are
+        unpinned (they stay cached for others: their content was not changed here)."""
+        comp = req.comp
+        table = req.table
+        assert comp is not None and table.hashes is not None
+        table.compacted = True
+        target = comp.kept_blocks(req.computed, max(req.computed - req.input_tokens, 0))
+        exact = min(comp.exact_blocks, table.cache_limit)
+        cached = table.held_cached
+        keep = [p for p in cached if p < exact]
+        drop = cached[len(keep) :] if len(keep) < len(cached) else []
+        held = max(target, len(keep))
+        uncached_now = table.held_blocks - len(cached)
+        freed = uncached_now - (held - len(keep))
+        pool = self.pool
+        if drop or freed > 0:
+            if drop and pool.describes:
+                pool.describe(table.kinds, req.input_tokens)
+            pool.release(table.hashes, drop, max(freed, 0), now_s)
+        if freed < 0:  # compacted pages replace unpinned hits: taken back from what was freed
+            ok = pool.allocate(-freed)
+            assert ok, "compaction could not take back pages it had just released"
+        self.block_ops += len(drop) + abs(freed)
+        table.held_cached = keep
+        table.held_blocks = held
 
     def hold_writes(self) -> None:
         """Batch the write-backs of the evictions that follow, until `release_writes`."""
@@ -268,8 +321,19 @@ class KVCacheManager:
         assert hashes is not None
         full = min(req.computed // self.block_size, len(hashes))
         if full <= table.processed_blocks:
+            if full == len(hashes):  # past its chain: no block is offered, so skip the checks
+                table.processed_blocks = req.computed // self.block_size
             return
         pool = self.pool
+        if full > table.cache_limit:  # compressed: pages past the limit are not reusable
+            end = max(table.cache_limit, table.processed_blocks)
+            if end > table.processed_blocks:
+                if pool.reports_misses:
+                    pool.describe(table.kinds, req.input_tokens)
+                table.held_cached += pool.register(hashes, table.processed_blocks, end, now_s)
+                self.block_ops += end - table.processed_blocks
+            table.processed_blocks = full
+            return
         if pool.reports_misses:
             pool.describe(table.kinds, req.input_tokens)
         table.held_cached += pool.register(hashes, table.processed_blocks, full, now_s)
@@ -283,12 +347,12 @@ class KVCacheManager:
         `table` when it is not the request's current one (a prefill replica's, after hand-off)."""
         table = table if table is not None else req.table
         assert table.hashes is not None
-        uncached = table.held_blocks - len(table.held_cached)
+        uncached = table.held_blocks - len(table.held_cached) + table.reserved
         pool = self.pool
         if pool.describes:
             pool.describe(table.kinds, req.input_tokens)
         pool.release(table.hashes, table.held_cached, uncached, now_s)
-        self.block_ops += table.held_blocks
+        self.block_ops += table.held_blocks + table.reserved
 
     # -- prefill/decode hand-off ----------------------------------------------------------------
     def lookup_pull(self, req: Request) -> AdmitPlan:

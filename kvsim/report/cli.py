@@ -20,7 +20,12 @@ def report(folder: str, html: bool, out: str | None) -> None:
     link, hit ratio and attribution, cost, and per-replica load; a sweep one figure per
     varied key. Writes report.md with PNGs beside it, or report.html with --html.
     """
-    from kvsim.report import write_report
+    from kvsim.report import is_sweep, load_run, write_report
+    from kvsim.report.page import quality_line
 
     page = write_report(folder, out, html=html)
     click.echo(f"report written to {page}")
+    if not is_sweep(folder):
+        summary = load_run(folder).summary
+        if "compression" in summary:  # a run written before issue 14 has no quality proxy
+            click.echo(f"quality proxy ({summary['compression']}): {quality_line(summary)}")

@@ -92,6 +92,13 @@ def _fmt(value: Any, scale: float = 1.0, spec: str = ",.4g", unit: str = "") -> 
     return "-" if math.isnan(v) else f"{v:{spec}}{unit}"
 
 
+def quality_line(summary: dict[str, Any]) -> str:
+    """The run's quality proxy in words (kvsim.run.format_quality)."""
+    from kvsim.run import format_quality
+
+    return format_quality(summary)
+
+
 def _summary_table(run: RunData) -> Table:
     s = run.summary
     rows = [
@@ -136,6 +143,14 @@ def _summary_table(run: RunData) -> Table:
         ["preemptions", _fmt(s.get("preemptions"), spec=",d")],
         ["recomputed tokens", _fmt(s.get("recomputed_tokens"), spec=",d")],
     ]
+    if "compression" in s:  # KV compression (issue 14): memory and the quality proxy
+        rows += [
+            ["KV compression", str(s["compression"])],
+            ["KV per request (mean)", format_bytes(s.get("kv_bytes_per_request_mean") or 0)],
+            ["KV per request (peak)", format_bytes(s.get("kv_bytes_per_request_peak") or 0)],
+            ["peak KV in HBM", format_bytes(s.get("peak_hbm_kv_bytes") or 0)],
+            ["quality proxy", quality_line(s)],
+        ]
     for name, link in (s.get("links") or {}).items():
         read, written = (format_bytes(link.get(k) or 0) for k in ("bytes_read", "bytes_written"))
         moved = f"{read} read, {written} written"

@@ -1,0 +1,88 @@
+"""Does KV compression slow the engine? Wall time of the whole mooncake-conversation trace.
+
+    python benchmarks/bench_compression.py                      # none vs quant:k=4,v=4, best of 2
+    python benchmarks/bench_compression.py --profiles "none;h2o;streaming" --repeats 1
+    python benchmarks/bench_compression.py --same-schedule  # HBM only, equal block counts
+
+Each run is `kvsim.run.run` on the whole trace (all 12,031 requests: ``max_requests`` set past
+its length), the trace loaded once and reused. Prints a table of wall and CPU time (best of
+``--repeats``; CPU time is this process's, steadier than wall time on a shared machine),
+simulated time, iterations, KV blocks, GB loaded from lower tiers and TTFT/TPOT p50 per
+profile. ``--same-schedule`` gives every profile HBM only and the uncompressed run's block count,
+so the schedules match and the difference is the compression machinery's own cost. Asserts
+nothing: the figures go in docs/compression.md ("In the engine").
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+WHOLE = 1_000_000  # more requests than the trace has: replay all of them
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", default="mooncake-conversation")
+    parser.add_argument("--profiles", default="none;quant:k=4,v=4", help="';'-separated")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max-requests", type=int, default=WHOLE)
+    parser.add_argument("--same-schedule", action="store_true")
+    args = parser.parse_args()
+
+    from kvsim.engine.config import EngineConfig
+    from kvsim.engine.simulation import kv_blocks_for
+    from kvsim.hardware import load_profile
+    from kvsim.models import load_model
+    from kvsim.run import RunConfig, run, trace_options
+    from kvsim.traces import load_trace
+
+    base = RunConfig(trace=args.trace, max_requests=args.max_requests)
+    trace = load_trace(base.trace, **trace_options(base))
+    rows = []
+    same: dict = {}
+    if args.same_schedule:
+        blocks, _ = kv_blocks_for(load_model(base.model), load_profile(base.hardware), base.engine)
+        same = {"tiers": "hbm", "num_gpu_blocks": blocks}
+    for text in [p.strip() for p in args.profiles.split(";") if p.strip()]:
+        config = RunConfig(
+            trace=args.trace,
+            max_requests=args.max_requests,
+            engine=EngineConfig(compression=text, **same),
+        )
+        walls = []
+        cpus = []
+        summary: dict = {}
+        for _ in range(args.repeats):
+            start, cpu = time.perf_counter(), time.process_time()
+            summary = run(config, trace=trace).summary
+            walls.append(time.perf_counter() - start)
+            cpus.append(time.process_time() - cpu)
+        loaded = sum(t["bytes_read"] for t in summary["tiers"].values()) / 1e9
+        rows.append(
+            (
+                text,
+                min(walls),
+                min(cpus),
+                loaded,
+                summary["requests"],
+                summary["simulated_s"],
+                summary["iterations"],
+                summary["kv_blocks"],
+                summary["ttft_p50_s"] * 1000,
+                summary["tpot_p50_s"] * 1000,
+                summary["preemptions"],
+            )
+        )
+    head = ("profile", "wall s", "cpu s", "GB loaded", "requests", "sim s", "iterations",
+            "KV blocks", "TTFT p50 ms", "TPOT p50 ms", "preemptions")  # fmt: skip
+    print(" | ".join(head))
+    for r in rows:
+        print(
+            f"{r[0]} | {r[1]:.1f} | {r[2]:.1f} | {r[3]:,.1f} | {r[4]:,} | {r[5]:,.0f} | {r[6]:,}"
+            f" | {r[7]:,} | {r[8]:,.1f} | {r[9]:.2f} | {r[10]:,}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,346 @@
+"""A KV compression profile (kvsim.compression) as the engine uses it.
+
+The models layer says what a profile keeps and reads, exactly, for one sequence; this module
+turns that into the few numbers the scheduler and the cost model ask for on the hot path:
+
+- page (block) bytes: ``ceil(block_size x bytes_per_kept_token)``, so HBM holds more pages and
+  lower tiers store and move smaller ones (`none`: today's ``kv_bytes_per_block``);
+- the salt mixed into a request's block hash chain, so a request never hits blocks written
+  under another compression (`none`: salt 0, today's hashes);
+- for a token-dropping profile, the pages a request keeps at a context once its prompt is
+  compacted, ``ceil(compressed bytes / page bytes)`` (never more than uncompressed), and how
+  many leading pages stay position-exact, hence reusable by hash;
+- quant's unquantised residual (KIVI keeps the most recent tokens at full width in a buffer of
+  its own): a fixed number of pages per request, reserved at admission;
+- what one decode step's attention reads, as uncompressed-token equivalents (bytes read /
+  bytes of an uncompressed token), and the profile's own work (scoring, top-k, quantising,
+  dequantising, InfiniGen's speculation) in seconds at the hardware's rates.
+
+Bytes follow kvsim.compression.sizing exactly (tests compare them with `compressed_kv_bytes`);
+they are computed here from each layer's token bytes, memoised per context, because the hot
+path asks about every running request at every step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.hardware.kernels import KernelRates
+from kvsim.models import ModelSpec, kv_bytes_per_block, kv_bytes_per_token
+from kvsim.traces.blocks import mix
+
+#: Cacheable leading blocks of a request that never compacts (no limit).
+NO_LIMIT = 1 << 62
+#: Bytes one top-k selection item costs: its fp32 score read once by the selection pass (our
+#: assumption; the papers publish no selection kernel figures).
+SELECT_ITEM_BYTES = 4.0
+
+
+def parse(text: str):  # -> kvsim.compression.Compression
+    """The profile `text` names (a KvsimError naming the valid ones if it names none)."""
+    from kvsim.compression import parse_compression
+
+    return parse_compression(text)
+
+
+def page_bytes(model: ModelSpec, comp, block_size: int, kv_dtype: str, tp: int) -> int:
+    """Bytes of one page of `block_size` tokens under `comp` on one rank."""
+    if comp.name == "none":
+        return kv_bytes_per_block(model, block_size, kv_dtype, tp)
+    from kvsim.compression import bytes_per_kept_token
+
+    return math.ceil(block_size * bytes_per_kept_token(model, comp, kv_dtype, tp))
+
+
+def salted(hashes: np.ndarray, salt: int) -> np.ndarray:
+    """A block hash chain under a compression's salt (unchanged for salt 0)."""
+    if not salt or not len(hashes):
+        return hashes
+    return mix(hashes, np.uint64(salt & ((1 << 64) - 1)), np.uint64(0))
+
+
+@dataclass
+class _LayerClass:
+    """Layers that keep and store alike: one representative, how many, their token bytes."""
+
+    layer: int
+    count: int
+    base_bytes: float
+    token_bytes: float
+    quantised: bool
+
+
+class EngineCompression:
+    """One profile in one run: its code (index into the run's labels), pages and lookups."""
+
+    def __init__(
+        self,
+        comp,
+        code: int,
+        model: ModelSpec,
+        kv_dtype: str,
+        tp: int,
+        block_size: int,
+        block_bytes: int,
+        rates: KernelRates | None = None,
+    ) -> None:
+        from kvsim.compression import compression_work, layer_bytes
+
+        self.comp = comp
+        self.code = code
+        self.label: str = comp.label
+        self.name: str = comp.name
+        self.salt: int = int(comp.salt)
+        self.block_size = block_size
+        self.block_bytes = block_bytes  # the run's page bytes (auto: the largest candidate's)
+        self.offload = bool(getattr(comp, "offloaded", False))  # infinigen: KV in CPU DRAM
+        self.prompt_only = comp.name != "none" and bool(comp.prompt_only)
+        self.base_token_bytes = float(kv_bytes_per_token(model, kv_dtype, tp))
+        self.base_page_bytes = kv_bytes_per_block(model, block_size, kv_dtype, tp)
+        layers = layer_bytes(model, comp, kv_dtype, tp) if comp.name != "none" else []
+        per_layer = comp.layer_count is not None if comp.name != "none" else False
+        classes: dict[tuple, _LayerClass] = {}
+        for i, lb in enumerate(layers):
+            key = (i if per_layer else -1, lb.base_bytes, lb.token_bytes, lb.quantised)
+            if per_layer:  # group layers with the same keep rule and widths
+                rule = (
+                    comp.layer_configs[i]
+                    if comp.name == "moe-nd"
+                    else comp.param("ratio")[i % len(comp.param("ratio"))]
+                )
+                key = (rule, lb.base_bytes, lb.token_bytes, lb.quantised)
+            got = classes.get(key)
+            if got is None:
+                classes[key] = _LayerClass(i, 1, lb.base_bytes, lb.token_bytes, lb.quantised)
+            else:
+                got.count += 1
+        self._classes = list(classes.values())
+        self.residual = comp.residual_tokens() if comp.name != "none" else 0
+        # gap between a full-width and a packed token over the quantised layers (quant's residual)
+        self._residual_gap = sum(
+            c.count * (c.base_bytes - c.token_bytes) for c in self._classes if c.quantised
+        )
+        self._generated_bytes = sum(c.count * c.token_bytes for c in self._classes)
+        self.drops = bool(comp.drops_tokens) and not self.offload  # infinigen keeps every token
+        self.exact_blocks = (
+            comp.param("sinks") // block_size if comp.name == "streaming" else 0
+        )  # our model: a page of sink tokens only stays at its positions
+        self._bytes: dict[int, int] = {}
+        self._read: dict[int, int] = {}
+        work = compression_work(model, comp, kv_dtype, tp) if comp.name != "none" else None
+        self.work = work
+        self.host_bytes_per_read_token = work.host_bytes_per_read_token if work else 0.0
+        self.host_bytes_per_new_token = work.host_bytes_per_new_token if work else 0.0
+        # the profile's own work, in seconds: per decode step (per read token, per context
+        # token, per new token) and per prefill token
+        self.read_s = self.context_s = self.new_token_s = self.prefill_token_s = 0.0
+        if work is not None and rates is not None:
+            flops_s = 1.0 / rates.attention_flops_per_s
+            bytes_s = 1.0 / rates.elementwise_bytes_per_s
+            item_s = SELECT_ITEM_BYTES * bytes_s
+            self.read_s = (
+                (work.score_flops_per_read_token + work.dequant_flops_per_read_token) * flops_s
+                + work.select_items_per_read_token * item_s
+                + work.dequant_bytes_per_read_token * bytes_s
+            )
+            self.context_s = (
+                work.speculate_flops_per_context_token * flops_s
+                + work.select_items_per_context_token * item_s
+            )
+            self.new_token_s = work.quant_bytes_per_token * bytes_s
+            self.prefill_token_s = (
+                work.score_flops_per_prompt_token * flops_s
+                + work.select_items_per_prompt_token * item_s
+                + work.quant_bytes_per_token * bytes_s
+            )
+        self.has_work = bool(self.read_s or self.context_s or self.new_token_s)
+        # attention reads the packed width (quant) or, infinigen, the full width of the fetch
+        self.read_scale = (
+            (work.kv_read_bytes_per_read_token / self.base_token_bytes) if work else 1.0
+        )
+        self.linear_reads = not comp.drops_tokens  # none, quant: reads grow one token a step
+
+    # -- bytes and pages ---------------------------------------------------------------------
+    def kv_bytes(self, context: int, generated: int = 0) -> int:
+        """Bytes of one sequence's KV on one rank (kvsim.compression.compressed_kv_bytes)."""
+        if self.name == "none":
+            return int(context * self.base_token_bytes)
+        if self.prompt_only:  # the prompt compressed once, every generated token kept
+            return math.ceil(
+                self._prompt_bytes(context - generated) + generated * self._generated_bytes
+            )
+        return self._prompt_bytes(context)
+
+    def _prompt_bytes(self, tokens: int) -> int:
+        got = self._bytes.get(tokens)
+        if got is None:
+            comp = self.comp
+            residual = self.residual
+            total = 0.0
+            for c in self._classes:
+                kept = comp.kept_tokens(tokens, c.layer)
+                full = min(kept, residual) if c.quantised else 0
+                total += c.count * (full * c.base_bytes + (kept - full) * c.token_bytes)
+            got = self._bytes[tokens] = math.ceil(total)
+        return got
+
+    def full_bytes(self, context: int) -> int:
+        """Bytes of a sequence that keeps every token (none, quant with its residual,
+        infinigen's partial keys)."""
+        if self.name == "none":
+            return int(context * self.base_token_bytes)
+        return self._prompt_bytes(context)
+
+    def kept_blocks(self, context: int, generated: int = 0) -> int:
+        """Pages a compacted request holds at `context` tokens, `generated` of them produced
+        (never more than uncompressed: compression never raises memory)."""
+        full = -(-context // self.block_size)
+        if not self.drops:
+            return full
+        return min(-(-self.kv_bytes(context, generated) // self.block_bytes), full)
+
+    def compacts(self, tokens: int) -> bool:
+        """Whether a prompt of `tokens` loses any token when compressed."""
+        if not self.drops:
+            return False
+        comp = self.comp
+        return any(comp.kept_tokens(tokens, c.layer) < tokens for c in self._classes)
+
+    def cache_limit(self, prompt_tokens: int, total_tokens: int) -> int:
+        """Leading pages of a request reusable by hash: all when nothing of its context is ever
+        dropped, else only those that stay position-exact (streaming's sink pages)."""
+        if not self.drops:
+            return NO_LIMIT
+        dropped = self.compacts(prompt_tokens) or (
+            not self.prompt_only and self.compacts(total_tokens)
+        )
+        return self.exact_blocks if dropped else NO_LIMIT
+
+    def reserved_blocks(self, total_tokens: int) -> int:
+        """Pages of quant's full-width residual buffer (KIVI's most recent tokens), held for
+        the request's whole life; 0 for every other profile."""
+        if not self.residual or not self._residual_gap:
+            return 0
+        nbytes = min(total_tokens, self.residual) * self._residual_gap
+        pages = -(-math.ceil(nbytes) // self.block_bytes)
+        # a request shorter than the residual is held whole at full width: in pages no more
+        # than uncompressed pages would take (compression never raises memory)
+        blocks = -(-total_tokens // self.block_size)
+        return min(pages, blocks * self.base_page_bytes // self.block_bytes - blocks)
+
+    # -- what attention reads ------------------------------------------------------------------
+    def read_tokens(self, context: int, generated: int = 0) -> int:
+        """Tokens one decode step's attention reads per layer (the mean over layers)."""
+        if self.linear_reads:
+            return context
+        if self.offload:
+            got = self._read.get(context)
+            if got is None:
+                got = self._read[context] = self.comp.read_tokens(context, 0)
+            return got
+        comp = self.comp
+        classes = self._classes
+        if len(classes) == 1:
+            return comp.read_tokens(context, 0, generated)
+        layers = sum(c.count for c in classes)
+        return round(
+            sum(c.count * comp.read_tokens(context, c.layer, generated) for c in classes) / layers
+        )
+
+    def equivalent_tokens(self, context: int, generated: int = 0) -> float:
+        """Uncompressed tokens whose KV bytes equal what a decode step at `context` reads."""
+        if self.name == "none":
+            return float(context)
+        if self.offload:
+            return self.read_tokens(context) * self.read_scale
+        if self.linear_reads:  # quant: packed tokens plus the full-width residual
+            return (
+                context * self._generated_bytes + min(context, self.residual) * self._residual_gap
+            ) / self.base_token_bytes
+        return self.kv_bytes(context, generated) / self.base_token_bytes
+
+    def equivalent_array(self, contexts: np.ndarray) -> np.ndarray:
+        """`equivalent_tokens` of many contexts at once, for a profile whose reads are linear
+        in the context (none, quant): one numpy pass instead of a call per sequence."""
+        if self.name == "none":
+            return contexts
+        packed = contexts * (self._generated_bytes / self.base_token_bytes)
+        if self.residual:
+            packed += np.minimum(contexts, self.residual) * (
+                self._residual_gap / self.base_token_bytes
+            )
+        return packed
+
+    def decode_extra_s(self, context: int, generated: int = 0) -> float:
+        """The profile's own work in one decode step of one sequence."""
+        if not self.has_work:
+            return 0.0
+        return (
+            self.read_s * self.read_tokens(context, generated)
+            + self.context_s * context
+            + self.new_token_s
+        )
+
+    def fetch_bytes(self, context: int) -> float:
+        """Bytes InfiniGen fetches from CPU DRAM for one decode step of one sequence."""
+        return self.host_bytes_per_read_token * self.read_tokens(context)
+
+
+class AutoChooser:
+    """MetaKV-style selection (``--compression auto``): each request, as it arrives, gets the
+    highest-quality candidate whose predicted decode step and memory fit the budgets
+    (kvsim.compression.choose). Our reconstruction of the predictor: one decode step of the
+    least busy replica's running batch plus this request at its final context (prompt and
+    reply), priced by the run's cost model; its memory is its KV at that context. With no
+    candidate inside both budgets, the one with the fewest bytes."""
+
+    def __init__(
+        self,
+        engines: list[EngineCompression],
+        cost,
+        latency_budget_s: float,
+        memory_budget_bytes: float,
+        replicas: list,
+    ) -> None:
+        self.engines = {e.label: e for e in engines}
+        self.candidates = [e.comp for e in engines]
+        self.cost = cost
+        self.latency_budget_s = latency_budget_s
+        self.memory_budget_bytes = memory_budget_bytes
+        self.replicas = replicas
+
+    def choose(self, req) -> EngineCompression:
+        from kvsim.compression import choose
+
+        total = req.input_tokens + req.output_tokens
+        generated = req.output_tokens
+        running = min(self.replicas, key=lambda r: len(r.running)).running
+        batch = [
+            r.comp.equivalent_tokens(r.computed, max(r.computed - r.input_tokens, 0))
+            if r.comp is not None
+            else float(r.computed)
+            for r in running
+        ]
+        engines = self.engines
+
+        def latency(c) -> float:
+            e = engines[c.label]
+            step = self.cost.iteration_time_s([], [*batch, e.equivalent_tokens(total, generated)])
+            return step + e.decode_extra_s(total, generated)
+
+        def nbytes(c) -> int:
+            e = engines[c.label]
+            return e.kv_bytes(total, generated) if e.drops else e.full_bytes(total)
+
+        picked = choose(
+            self.candidates,
+            total,
+            latency,
+            self.latency_budget_s,
+            self.memory_budget_bytes,
+            nbytes,
+        )
+        return engines[picked.label]
