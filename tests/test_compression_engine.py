@@ -93,6 +93,18 @@ def test_quant_residual_pages_are_held_beside_the_tokens():
 
 
 @pytest.mark.parametrize(
+    "text", ["quant:k=4,v=4", "quant:k=16,v=8", "quant:k=8,v=16,residual=1000"]
+)
+def test_residual_pages_for_long_requests_equal_the_formula(text):
+    comp = parse_compression(text)
+    e = EngineCompression(comp, 0, MODEL, "bf16", 1, 16, page_bytes(MODEL, comp, 16, "bf16", 1))
+    for n in range(1, 3000):
+        pages = -(-math.ceil(min(n, e.residual) * e._residual_gap) // e.block_bytes)
+        blocks = -(-n // 16)
+        assert e.reserved_blocks(n) == min(pages, blocks * PAGE // e.block_bytes - blocks), n
+
+
+@pytest.mark.parametrize(
     "text",
     ["h2o:budget=0.2", "streaming:sinks=4,window=300", "snapkv:capacity=256", "lkv", "kvp",
      "moe-nd:budget=0.3", "quant:k=2,v=2"],

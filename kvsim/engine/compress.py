@@ -124,6 +124,18 @@ class EngineCompression:
             c.count * (c.base_bytes - c.token_bytes) for c in self._classes if c.quantised
         )
         self._generated_bytes = sum(c.count * c.token_bytes for c in self._classes)
+        # requests this long hold a whole residual, and never more pages than uncompressed
+        self._long = NO_LIMIT
+        self._long_reserved = 0
+        if self.residual and self._residual_gap:
+            pages = -(-math.ceil(self.residual * self._residual_gap) // block_bytes)
+            blocks = -(-self.residual // block_size)
+            while blocks < 100_000:  # the fewest token pages from which the cap cannot bind
+                if blocks * self.base_page_bytes // block_bytes - blocks >= pages:
+                    self._long = (blocks - 1) * block_size + 1
+                    self._long_reserved = pages
+                    break
+                blocks += 1
         self.drops = bool(comp.drops_tokens) and not self.offload  # infinigen keeps every token
         self.exact_blocks = (
             comp.param("sinks") // block_size if comp.name == "streaming" else 0
@@ -224,6 +236,8 @@ class EngineCompression:
         the request's whole life; 0 for every other profile."""
         if not self.residual or not self._residual_gap:
             return 0
+        if total_tokens >= self._long:  # the common case: a whole residual, computed once
+            return self._long_reserved
         nbytes = min(total_tokens, self.residual) * self._residual_gap
         pages = -(-math.ceil(nbytes) // self.block_bytes)
         # a request shorter than the residual is held whole at full width: in pages no more

@@ -245,6 +245,11 @@ def simulate(
         for i, c in enumerate(candidates)
     ]
     run_comp = None if comp.name == "none" or auto else engines[0]
+    if not auto:
+        # one profile for every request: its salt would relabel every chain alike and change
+        # no hit, so chains are salted only where compressions mix (auto)
+        for e in engines:
+            e.salt = 0
     compacting = any(e.drops for e in engines)
     offloading = any(e.offload for e in engines)
     count = config.replica_count

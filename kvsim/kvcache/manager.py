@@ -425,7 +425,7 @@ class KVCacheManager:
                 return
             first, last = -(-start // bs), min(end // bs, len(table.hashes))
             if last > first:
-                self.segment_blocks[key] = table.hashes[first:last]
+                self.segment_blocks[_salted_key(key, req)] = table.hashes[first:last]
             table.pic_next += 1
 
     def _rope_plan(self, req: Request, start: int) -> None:
@@ -442,7 +442,7 @@ class KVCacheManager:
         for seg_start, seg_end, key in table.pic_segments:
             if seg_start < start:
                 continue
-            blocks = self.segment_blocks.get(key)
+            blocks = self.segment_blocks.get(_salted_key(key, req))
             if blocks and all(k in refs for k in blocks):
                 ranges.append((seg_start, min(seg_start + len(blocks) * self.block_size, seg_end)))
         table.rope_ranges = ranges or None
@@ -454,3 +454,10 @@ class KVCacheManager:
             total += max(0, min(end, hi) - max(start, lo))
         req.rope_tokens += total
         return total
+
+
+def _salted_key(key: int, req: Request) -> int:
+    """A segment's key under the request's compression: KV written under one compression is
+    never reused, at any position, by a request under another (salt 0: the key itself)."""
+    comp = req.comp
+    return key if comp is None or not comp.salt else hash((key, comp.salt))
