@@ -4,6 +4,7 @@ import hashlib
 import itertools
 import json
 import random
+import re
 from fractions import Fraction
 
 import pytest
@@ -25,6 +26,7 @@ from kvsim.compression import (
     quality,
     quality_reason,
 )
+from kvsim.compression.quality import _PUBLISHED, QualityPoint, quality_points
 from kvsim.compression.solver import Option, load_sensitivity, option_cost, solve
 from kvsim.errors import ConfigError, KvsimError, UnknownNameError
 from kvsim.models import kv_bytes_per_token, load_model, model_names, tp_degrees
@@ -467,7 +469,7 @@ def test_sensitivity_files_csv_and_toml(tmp_path):
 # -- quality and auto -----------------------------------------------------------------------------
 def test_quality_points_cite_a_source_or_say_none_was_found():
     assert quality(parse_compression("none")).retained == 1.0
-    for text in ("h2o", "snapkv", "streaming", "quant", "kvp", "lkv", "infinigen"):
+    for text in ("kvp", "lkv", "infinigen", "quant:k=8,v=8", "snapkv:capacity=512"):
         comp = parse_compression(text)
         assert quality(comp) is None
         assert quality_reason(comp).startswith("no published number found for")
@@ -476,6 +478,135 @@ def test_quality_points_cite_a_source_or_say_none_was_found():
     assert quality(moe).source.startswith("MoE-nD, arXiv 2604.17695")
     harsh = parse_compression("moe-nd:layers=0.05x2x2*32")  # beyond 14×: no point
     assert quality(harsh) is None and "14x" in quality_reason(harsh)
+
+
+def _published(text: str) -> QualityPoint:
+    point = quality(parse_compression(text))
+    assert point is not None, text
+    return point
+
+
+def test_quality_primary_points_are_the_published_numbers():
+    # hand-copied from the papers' tables (docs/compression.md, "Quality")
+    cases = [
+        # profile, model, benchmark, compressed, full, source
+        ("snapkv", "Llama-3-8B-Instruct", "LongBench average", 41.35, 41.46,
+         "PyramidKV, arXiv 2406.02069, Table 1 and Appendix Table 11"),
+        ("h2o:budget=128", "Llama-3-8B-Instruct", "LongBench average", 35.37, 41.46,
+         "PyramidKV, arXiv 2406.02069, Appendix Table 11"),
+        ("streaming:sinks=4,window=60", "Llama-3-8B-Instruct", "LongBench average", 30.43, 41.46,
+         "PyramidKV, arXiv 2406.02069, Table 1 and Appendix Table 11"),
+        ("quant:k=2,v=2", "Mistral-7B-Instruct-v0.2", "LongBench 15-task average", 42.43, 43.54,
+         "KIVI, arXiv 2402.02750, official repo jy-yuan/KIVI docs/long_bench.md (commit 6ceef73), "
+         "Table 2"),
+        ("quant:k=4,v=4", "Mistral-7B-Instruct-v0.2", "LongBench 15-task average", 43.53, 43.54,
+         "KIVI, arXiv 2402.02750, official repo jy-yuan/KIVI docs/long_bench.md (commit 6ceef73), "
+         "Table 2"),
+        ("quant:k=2,v=2,group=128", "Llama-2-13B", "GSM8K (LM-Eval)", 17.29, 22.67,
+         "KIVI, arXiv 2402.02750, Table 5 (16-bit score from Table 3)"),
+        ("h2o:budget=0.2", "OPT-30B", "COPA (lm-eval-harness, 5-shot per Sec. 5.1)", 84.00, 85.00,
+         "H2O, arXiv 2306.14048, Table 2"),
+        ("snapkv:capacity=4096,window=64", "Command-R (35B)",
+         "modified Needle-in-a-Haystack, aggregate score", 9.819, 9.866,
+         "SnapKV, arXiv 2404.14469, Table 2 (Sec. 5.4.1)"),
+    ]  # fmt: skip
+    for text, model, benchmark, score, full, source in cases:
+        point = _published(text)
+        assert (point.model, point.benchmark, point.source) == (model, benchmark, source), text
+        assert (point.score, point.baseline) == (score, full), text
+        assert point.retained == score / full, text
+        assert "computed by kvsim" in point.note
+
+
+def test_quality_points_lists_every_matching_table_row():
+    h2o = {(p.benchmark.split(" ")[0], p.score, p.baseline) for p in quality_points(
+        parse_compression("h2o"))}  # fmt: skip
+    assert h2o == {
+        ("COPA", 84.00, 85.00),
+        ("OpenBookQA", 43.00, 43.20),
+        ("PiQA", 78.45, 78.51),
+        ("Winogrande", 69.06, 70.24),
+    }
+    snap = quality_points(parse_compression("snapkv:capacity=2048,window=32"))
+    assert snap[0] == quality(parse_compression("snapkv"))  # primary first
+    pairs = {(p.model, p.benchmark, p.score, p.baseline) for p in snap}
+    assert ("Mistral-7B-Instruct", "LongBench average", 41.56, 42.71) in pairs
+    assert ("Llama-3-70B-Instruct", "LongBench average", 46.36, 46.55) in pairs
+    assert ("Mistral-7B-Instruct-v0.2", "LongBench GovReport", 28.81, 32.85) in pairs
+    assert ("LWM-Text-Chat-1M", "LongBench GovReport", 21.6, 27.97) in pairs
+    assert len(snap) == 8
+    quant = {(p.model, p.benchmark.split(" (")[0], p.score, p.baseline)
+             for p in quality_points(parse_compression("quant:k=2,v=2"))}  # fmt: skip
+    assert ("Llama2-7B", "LongBench 8-task average", 44.27, 44.52) in quant
+    assert ("Falcon-7B", "GSM8K", 3.41, 4.55) in quant
+    assert ("LongChat-7b-v1.5-32K", "LongBench Qasper", 28.69, 29.42) in quant
+    assert len(quant) == 21
+
+
+def test_quality_budget_rule_is_plus_minus_ten_percent_of_the_published_size():
+    near = _published("streaming")  # 4 + 2000 kept, published at 2048
+    assert (near.score, near.baseline) == (37.82, 41.46)
+    assert "published at KV 2048; this config keeps 2004" in near.note
+    assert "nearest published point" in near.note
+    assert "nearest" not in _published("streaming:sinks=4,window=2044").note
+    # 2048 ± 204.8: 1844 and 2252 apply, 1843 and 2253 do not
+    for capacity, applies in ((1843, False), (1844, True), (2252, True), (2253, False)):
+        comp = parse_compression(f"snapkv:capacity={capacity}")
+        assert (quality(comp) is not None) is applies, capacity
+    for text in (
+        "snapkv:capacity=1500",
+        "h2o:budget=1000",
+        "h2o:budget=0.3",
+        "streaming:window=500",
+    ):
+        comp = parse_compression(text)
+        assert quality(comp) is None and quality_points(comp) == []
+        reason = quality_reason(comp)
+        assert reason.startswith("no published number found") and "±10 %" in reason, text
+    # a token budget never takes a ratio point, nor the reverse
+    assert {p.source for p in quality_points(parse_compression("h2o:budget=0.2"))} == {
+        "H2O, arXiv 2306.14048, Table 2"
+    }
+    assert all("H2O, arXiv" not in p.source
+               for p in quality_points(parse_compression("h2o:budget=2048")))  # fmt: skip
+    # SnapKV's own tables state the window; PyramidKV's do not
+    assert quality_points(parse_compression("snapkv:capacity=1024,window=64")) == []
+    wide = quality_points(parse_compression("snapkv:capacity=2048,window=64"))
+    assert {p.source.split(",")[0] for p in wide} == {"PyramidKV"} and len(wide) == 3
+
+
+def test_quality_quant_matches_bits_group_and_residual_exactly():
+    for text in ("quant:k=4,v=2", "quant:k=2,v=2,residual=0", "quant:k=4,v=4,group=64",
+                 "quant:k=3,v=3", "quant:k=8,v=8"):  # fmt: skip
+        comp = parse_compression(text)
+        assert quality(comp) is None, text
+        assert "KIVI (arXiv 2402.02750)" in quality_reason(comp)
+    assert _published("quant:k=2,v=2,group=64").score == 21.00
+
+
+def test_quality_streaming_arc_point_has_no_full_kv_baseline():
+    point = _published("streaming:sinks=4,window=1020")  # cache 1024: StreamingLLM Table 5
+    assert (point.model, point.score, point.baseline, point.retained) == (
+        "Llama-2-7B-Chat", 71.34, None, None)  # fmt: skip
+    assert point.source == "StreamingLLM, arXiv 2309.17453, Table 5"
+    assert "one-shot" in point.note and "71.25" in point.note
+    assert len(quality_points(parse_compression("streaming:sinks=4,window=1020"))) == 6
+
+
+def test_every_profile_has_a_cited_point_or_a_reason():
+    defaults = {"moe-nd": "moe-nd:layers=0.5x4x4*32"}
+    for name in PROFILES:
+        comp = parse_compression(defaults.get(name, name))
+        points = quality_points(comp)
+        assert (quality(comp) is None) == (points == [])
+        if name != "none":
+            assert all("arXiv " in p.source for p in points), name
+        assert quality_reason(comp).strip(), name
+        if not points:
+            assert quality_reason(comp).startswith("no published number found"), name
+    for pub in _PUBLISHED:
+        assert re.search(r"arXiv \d{4}\.\d{5}", pub.source), pub
+        assert pub.score and (pub.baseline is None or float(pub.baseline) > 0)
 
 
 def test_choose_picks_the_best_fitting_candidate_else_the_smallest():
