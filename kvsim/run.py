@@ -374,6 +374,14 @@ def quality_figures(comp: Any) -> dict[str, Any]:
 def format_quality(summary: dict[str, Any]) -> str:
     """'retained 0.98 on LongBench (llama-3-8b; arXiv …)' or the reason there is no number."""
     q = summary.get("quality") or {}
+    chosen = summary.get("compression_chosen")
+    if chosen:  # auto: how many requests ran each candidate, and each one's quality
+        by = summary.get("quality_by_candidate") or {}
+        return "; ".join(
+            f"{label} x{count} (" + format_quality({"quality": by.get(label, {})}) + ")"
+            for label, count in chosen.items()
+            if count
+        )
     if q.get("retained") is None or "benchmark" not in q:
         return str(q.get("note") or "no published number")
     return (
