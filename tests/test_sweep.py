@@ -274,6 +274,18 @@ def test_worker_loads_a_trace_once_and_records_its_peak_memory(monkeypatch):
     assert len(worker_module._traces) == worker_module.TRACE_CACHE_SIZE
 
 
+def test_kept_requests_carry_each_requests_compression():
+    """A sweep's requests.parquet has the columns a run's has (compression, kv_peak_bytes)."""
+    engine = dataclasses.replace(RunConfig().engine, compression="quant:k=4,v=4")
+    config = RunConfig(trace="mooncake-conversation", max_requests=20, engine=engine)
+    got = run_task(Task(0, "q", config, keep_requests=True))
+    assert got.error is None
+    table = got.tables["requests.parquet"]
+    labels = set(table.column("compression").to_pylist())
+    assert labels == {"quant:group=32,k=4,residual=128,v=4"}
+    assert "kv_peak_bytes" in table.column_names
+
+
 def test_progress_bar_counts_configurations_with_an_eta():
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

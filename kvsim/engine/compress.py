@@ -25,12 +25,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvsim.compression import (
+    Compression,
+    bytes_per_kept_token,
+    choose,
+    compression_work,
+    layer_bytes,
+    parse_compression,
+)
 from kvsim.hardware.kernels import KernelRates
 from kvsim.models import ModelSpec, kv_bytes_per_block, kv_bytes_per_token
 from kvsim.traces.blocks import mix
+
+if TYPE_CHECKING:  # the replica imports this module
+    from kvsim.engine.replica import Replica
+    from kvsim.engine.request import Request
+    from kvsim.hardware.measured import CostModel
 
 #: Cacheable leading blocks of a request that never compacts (no limit).
 NO_LIMIT = 1 << 62
@@ -39,19 +53,15 @@ NO_LIMIT = 1 << 62
 SELECT_ITEM_BYTES = 4.0
 
 
-def parse(text: str):  # -> kvsim.compression.Compression
+def parse(text: str) -> Compression:
     """The profile `text` names (a KvsimError naming the valid ones if it names none)."""
-    from kvsim.compression import parse_compression
-
     return parse_compression(text)
 
 
-def page_bytes(model: ModelSpec, comp, block_size: int, kv_dtype: str, tp: int) -> int:
+def page_bytes(model: ModelSpec, comp: Compression, block_size: int, kv_dtype: str, tp: int) -> int:
     """Bytes of one page of `block_size` tokens under `comp` on one rank."""
     if comp.name == "none":
         return kv_bytes_per_block(model, block_size, kv_dtype, tp)
-    from kvsim.compression import bytes_per_kept_token
-
     return math.ceil(block_size * bytes_per_kept_token(model, comp, kv_dtype, tp))
 
 
@@ -78,7 +88,7 @@ class EngineCompression:
 
     def __init__(
         self,
-        comp,
+        comp: Compression,
         code: int,
         model: ModelSpec,
         kv_dtype: str,
@@ -87,8 +97,6 @@ class EngineCompression:
         block_bytes: int,
         rates: KernelRates | None = None,
     ) -> None:
-        from kvsim.compression import compression_work, layer_bytes
-
         self.comp = comp
         self.code = code
         self.label: str = comp.label
@@ -314,10 +322,10 @@ class AutoChooser:
     def __init__(
         self,
         engines: list[EngineCompression],
-        cost,
+        cost: CostModel,
         latency_budget_s: float,
         memory_budget_bytes: float,
-        replicas: list,
+        replicas: list[Replica],
     ) -> None:
         self.engines = {e.label: e for e in engines}
         self.candidates = [e.comp for e in engines]
@@ -326,9 +334,7 @@ class AutoChooser:
         self.memory_budget_bytes = memory_budget_bytes
         self.replicas = replicas
 
-    def choose(self, req) -> EngineCompression:
-        from kvsim.compression import choose
-
+    def choose(self, req: Request) -> EngineCompression:
         total = req.input_tokens + req.output_tokens
         generated = req.output_tokens
         running = min(self.replicas, key=lambda r: len(r.running)).running
@@ -340,12 +346,12 @@ class AutoChooser:
         ]
         engines = self.engines
 
-        def latency(c) -> float:
+        def latency(c: Compression) -> float:
             e = engines[c.label]
             step = self.cost.iteration_time_s([], [*batch, e.equivalent_tokens(total, generated)])
             return step + e.decode_extra_s(total, generated)
 
-        def nbytes(c) -> int:
+        def nbytes(c: Compression) -> int:
             e = engines[c.label]
             return e.kv_bytes(total, generated) if e.drops else e.full_bytes(total)
 

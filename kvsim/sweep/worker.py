@@ -70,7 +70,7 @@ def run_task(task: Task) -> TaskResult:
         outcome = run(task.config, trace=cached_trace(task.config))
         config, summary = outcome.config, json_safe(outcome.summary)
         if task.keep_requests:
-            tables["requests.parquet"] = outcome.result.requests
+            tables["requests.parquet"] = outcome.result.requests_with_compression()
             if outcome.result.timeline is not None:
                 tables["timeline.parquet"] = outcome.result.timeline
     except KvsimError as exc:
