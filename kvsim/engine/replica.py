@@ -362,6 +362,7 @@ class Replica:
         batch: list[tuple[Request, int]] = []
         running = self.running
         preempted = False
+        bs = self.block_size
         i = 0
         kv.hold_writes()  # released before admission, which looks blocks up below HBM
         while i < len(running) and budget > 0:
@@ -377,7 +378,12 @@ class Replica:
                 t = req.computed + n
                 need = req.comp.kept_blocks(t, t - req.input_tokens) - req.table.held_blocks
             else:
-                need = self._blocks_for(req.computed + n) - req.table.held_blocks
+                need = -(-(req.computed + n) // bs) - req.table.held_blocks
+            if need <= 0:  # the usual decode step: its last block has room (no call needed)
+                batch.append((req, n))
+                budget -= n
+                i += 1
+                continue
             while not kv.allocate_slots(req, need):
                 victim = running.pop()
                 self._preempt(victim)
@@ -406,6 +412,10 @@ class Replica:
         while waiting and budget > 0 and len(running) + len(self.loading) < max_seqs:
             req = waiting[0]
             pulling = req.handoff == "decode"
+            if not pulling:  # a head that cannot fit whatever the lookup finds below: stop
+                least, _, evictable = self._need_bounds(req, budget)
+                if least + evictable + self._reservation(req, least) > pool.available:
+                    break
             plan = kv.lookup_pull(req) if pulling else kv.lookup(req, budget)
             hit, evictable, load, n, need = plan
             if need + evictable + self._reservation(req, need) > pool.available:
@@ -630,8 +640,31 @@ class Replica:
         if budget <= 0:
             return True
         req = self.waiting[0]
+        available = self.kv.pool.available
+        least, most, evictable = self._need_bounds(req, budget)
+        if least + evictable + self._reservation(req, least) > available:
+            return True
+        if most + evictable + self._reservation(req, most) <= available:
+            return False
         _, evictable, _, _, need = self.kv.lookup(req, budget)
-        return need + evictable + self._reservation(req, need) > self.kv.pool.available
+        return need + evictable + self._reservation(req, need) > available
+
+    def _need_bounds(self, req: Request, budget: int) -> tuple[int, int, int]:
+        """(least, most, evictable): bounds on the blocks `kv.lookup(req, budget)` would ask
+        for, and its hit's evictable blocks, without walking the tiers below or costing a load.
+        Its need is either the blocks of the next chunk after the hit, or the blocks it loads
+        (at least one, at most every block from the hit up to `limit`), plus the reserved
+        ones; when the bounds decide admission, the lookup need not run (it changes nothing)."""
+        kv = self.kv
+        hit, evictable = kv.prefix_hit(req)
+        start = hit * self.block_size
+        reserved = kv._reserved(req)
+        plain = self._blocks_for(start + min(req.known - start, budget)) - hit + reserved
+        hashes = req.table.hashes
+        if kv.hierarchy is None or not kv.prefix_caching or hashes is None:
+            return plain, plain, evictable
+        limit = min((req.known - 1) // self.block_size, len(hashes))
+        return min(plain, 1 + reserved), max(plain, limit - hit + reserved), evictable
 
     def _blocks_needed(self, computed: np.ndarray, held: np.ndarray, steps: int) -> int:
         bs = self.block_size
@@ -740,9 +773,10 @@ class Replica:
                 t = req.computed + steps
                 need = req.comp.kept_blocks(t, t - req.input_tokens) - req.table.held_blocks
             else:
-                need = self._blocks_for(req.computed + steps) - req.table.held_blocks
-            ok = kv.allocate_slots(req, need)
-            assert ok, "coalesced decode ran out of blocks it had counted"
+                need = -(-(req.computed + steps) // bs) - req.table.held_blocks
+            if need > 0:
+                ok = kv.allocate_slots(req, need)
+                assert ok, "coalesced decode ran out of blocks it had counted"
             if req.generated == 0:  # its last prompt token went in the first step
                 req.first_token_s = first_step_end_s
             req.computed += steps

@@ -198,14 +198,19 @@ class Hierarchy:
         """Read `keys` (held in `tiers`) into HBM; the event fires when all have arrived.
         `tokens[i]` is the prompt tokens block i serves (for the per-tier hit ratio)."""
         groups: dict[int, list[int]] = {}
-        for key, t, n in zip(keys, tiers, tokens, strict=True):
-            groups.setdefault(t, []).append(key)
-            tier = self.tiers[t]
-            tier.stats.served_tokens += n
-            self._pin(tier, key)
+        served: dict[int, int] = {}
+        if len(set(tiers)) == 1:  # the usual case: one tier, grouped without a Python loop
+            groups[tiers[0]] = list(keys)
+            served[tiers[0]] = sum(tokens)
+        else:
+            for key, t, n in zip(keys, tiers, tokens, strict=True):
+                groups.setdefault(t, []).append(key)
+                served[t] = served.get(t, 0) + n
         events = []
         for t, group in groups.items():
             tier = self.tiers[t]
+            tier.stats.served_tokens += served[t]
+            self._pin_many(tier, group)
             tier.stats.loaded_out += len(group)
             nbytes = len(group) * self.block_bytes
             pieces = len(group) * tier.pieces_per_block
@@ -227,26 +232,50 @@ class Hierarchy:
         first.callbacks.append(hop)
         return done
 
-    def _pin(self, tier: LowerTier, key: int) -> None:
-        count = tier.pinned.get(key, 0)
-        if count == 0:
-            tier.policy.discard(key)
-        tier.pinned[key] = count + 1
+    def _pin_many(self, tier: LowerTier, keys: list[int]) -> None:
+        """Pin `keys` in `tier` while they are read: the first pin takes a block out of the
+        policy's evictable set. Blocks nobody is reading yet (the usual case) are pinned in one
+        batch; each tier has its own policy, so pinning tier by tier changes no order."""
+        pinned = tier.pinned
+        if pinned.keys().isdisjoint(keys) and len(set(keys)) == len(keys):
+            tier.policy.discard_many(keys)
+            pinned.update(dict.fromkeys(keys, 1))
+            return
+        for key in keys:
+            count = pinned.get(key, 0)
+            if count == 0:
+                tier.policy.discard(key)
+            pinned[key] = count + 1
 
     def _loaded(self, tier: LowerTier, keys: list[int]) -> None:
+        """`keys` arrived in HBM: unpin them; the last reader of a block makes it evictable
+        again below (inclusive) or removes its copy (exclusive)."""
         info = self.info
         info.now_s = self.env.now
-        for key in keys:
-            count = tier.pinned[key] - 1
-            if count:
-                tier.pinned[key] = count
-                continue
-            del tier.pinned[key]
-            if self.inclusive:
-                self._add(tier, key)
-            else:
+        pinned = tier.pinned
+        counts = list(map(pinned.__getitem__, keys))
+        if counts.count(1) == len(counts) and len(set(keys)) == len(keys):
+            consume(map(pinned.__delitem__, keys))  # the usual case: one reader each
+            free = keys
+        else:
+            free = []
+            for key in keys:
+                count = pinned[key] - 1
+                if count:
+                    pinned[key] = count
+                else:
+                    del pinned[key]
+                    free.append(key)
+        if not self.inclusive:
+            for key in free:
                 self._remove(tier, key)
                 tier.stats.removed_exclusive += 1
+        elif info.future is None:
+            zeros = [0] * len(free)
+            tier.policy.add_many(free, zeros, zeros, info)
+        else:
+            for key in free:
+                self._add(tier, key)
 
     # -- writes ----------------------------------------------------------------------------------
     def evicted_from_hbm(self, keys: list[int]) -> None:

@@ -12,10 +12,11 @@ counters (STYLE habit 2). Keys are 64-bit block hashes. The tier calls:
 
 ``add`` is always followed, before the next ``add`` of the same key, by ``discard``.
 
-Three batch hooks exist for the hot path (vLLM's block pool has the same: ``append_n`` /
+Four batch hooks exist for the hot path (vLLM's block pool has the same: ``append_n`` /
 ``popleft_n``): ``add_many`` (a request's blocks released together, deepest first), ``pin_many``
-(a request's prefix hit: each block accessed, the evictable ones discarded) and ``evict`` (choose
-and drop several victims). Their defaults call the single-block hooks; a policy overrides
+(a request's prefix hit: each block accessed, the evictable ones discarded), ``discard_many``
+(blocks a lower tier pins while they are loaded) and ``evict`` (choose and drop several
+victims). Their defaults call the single-block hooks; a policy overrides
 them only to go faster, never to behave differently, with one exception: a policy that evicts
 whole groups of blocks (``sglang``: a radix node) may return more victims from ``evict`` than
 asked, and the tier frees the extra ones.
@@ -116,6 +117,12 @@ class EvictionPolicy(ABC):
             self.access(key, info.at(key, position, keys[position - 1] if position else 0))
             if was_evictable:
                 self.discard(key)
+
+    def discard_many(self, keys: list[int]) -> None:
+        """Each of ``keys`` stopped being evictable (a tier below HBM pinned them for a load),
+        in this order."""
+        for key in keys:
+            self.discard(key)
 
     def evict(self, count: int) -> list[int]:
         """Choose and remove at least ``count`` victims, in order (each: victim, discard,

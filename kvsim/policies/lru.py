@@ -9,7 +9,7 @@ tree by construction; the engine never counts a hit past a missing parent.
 from __future__ import annotations
 
 from collections import deque
-from itertools import compress
+from itertools import compress, repeat
 from operator import eq
 
 from kvsim.policies.base import BlockInfo, EvictionPolicy
@@ -60,6 +60,12 @@ class LRU(EvictionPolicy):
     def discard(self, key: int) -> None:
         if self._stamp.pop(key, None) is not None:
             self._compact()
+
+    def discard_many(self, keys: list[int]) -> None:
+        pop = self._stamp.pop
+        consume = deque(maxlen=0).extend  # at C speed
+        consume(map(pop, keys, repeat(None)))
+        self._compact()
 
     def _compact(self) -> None:
         """Drop consumed and stale entries once they outnumber live ones: O(live) memory."""
