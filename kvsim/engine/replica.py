@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from functools import partial
+from operator import attrgetter, eq, sub
 
 import numpy as np
 import simpy
@@ -36,6 +38,14 @@ from kvsim.kvcache.link import Link
 from kvsim.kvcache.manager import COMPUTE, KVCacheManager
 
 MAX_COALESCED_STEPS = 4096
+
+# per-request fields read across the whole running list, in C (map) rather than a genexpr
+_known = attrgetter("known")
+_computed = attrgetter("computed")
+_generated = attrgetter("generated")
+_output_tokens = attrgetter("output_tokens")
+_held_blocks = attrgetter("table.held_blocks")
+_is_one = partial(eq, 1)
 
 
 class LoadGate:
@@ -625,7 +635,8 @@ class Replica:
         running = self.running
         if self.gated or not running or len(running) > self.config.max_num_batched_tokens:
             return False
-        return all(req.known - req.computed == 1 for req in running)
+        # one decode token each, tested in C: known - computed == 1 for every request
+        return all(map(_is_one, map(sub, map(_known, running), map(_computed, running))))
 
     def _decode_only(self) -> bool:
         """The batch can only decode until something finishes: nothing waiting can join."""
@@ -689,17 +700,15 @@ class Replica:
     @staticmethod
     def _block_counts(running: list[Request]) -> tuple[np.ndarray, np.ndarray]:
         """(tokens computed, blocks held) of each running request."""
-        computed = np.fromiter((r.computed for r in running), dtype=np.int64, count=len(running))
-        held = np.fromiter(
-            (r.table.held_blocks for r in running), dtype=np.int64, count=len(running)
-        )
+        computed = np.fromiter(map(_computed, running), dtype=np.int64, count=len(running))
+        held = np.fromiter(map(_held_blocks, running), dtype=np.int64, count=len(running))
         return computed, held
 
     def _coalescible_steps(self) -> tuple[int, int]:
         """(steps the decode batch can run unchanged: until the first finish, within free
         blocks; the blocks those steps take)."""
         running = self.running
-        steps = min(r.output_tokens - r.generated for r in running)
+        steps = min(map(sub, map(_output_tokens, running), map(_generated, running)))
         steps = min(steps, MAX_COALESCED_STEPS)
         computed, held = self._block_counts(running)
         available = self.kv.pool.available
@@ -721,18 +730,14 @@ class Replica:
         running = list(self.running)  # the batch of this run; a load may append to the list
         linear = self.linear
         if linear is not None:
-            contexts = np.fromiter(
-                (r.computed for r in running), dtype=np.float64, count=len(running)
-            )
+            contexts = np.fromiter(map(_computed, running), dtype=np.float64, count=len(running))
             ends = self._linear_run_ends(linear, contexts, steps)
         elif self.compressed:
             ends, fetch = self._compressed_run_ends(running, steps)
             if fetch:
                 ends = self._fetch_bound(ends, fetch)
         else:
-            contexts = np.fromiter(
-                (r.computed for r in running), dtype=np.float64, count=len(running)
-            )
+            contexts = np.fromiter(map(_computed, running), dtype=np.float64, count=len(running))
             ends = self.cost.decode_run_ends_s(contexts, steps)
         self.run_reserved_blocks = need
         start = env.now

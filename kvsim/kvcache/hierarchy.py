@@ -140,6 +140,10 @@ class Hierarchy:
                 assert tier.where is self.shared_where, "shared tiers share one placement map"
         self.info = BlockInfo(size_bytes=block_bytes)
         self._held: list[int] | None = None  # write-backs collected by hold_writes
+        # bumped whenever the placement map changes: a queued request re-looked-up before
+        # anything moved gets its last `chain` again instead of a walk (node-local tiers only)
+        self.version = 0
+        self._chain_memo: tuple[list[int], int, int, int, list[int]] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.tiers)
@@ -150,8 +154,13 @@ class Hierarchy:
         first block found nowhere (a block whose prefix is missing is useless)."""
         shared = self.shared_where
         if shared is None:
+            memo = self._chain_memo
+            if memo is not None and memo[0] is hashes and memo[1:4] == (start, limit, self.version):
+                return list(memo[4])
             lookups = map(self.where.get, islice(hashes, start, limit), repeat(-1))
-            return list(takewhile(_landed_tier, lookups))
+            found = list(takewhile(_landed_tier, lookups))
+            self._chain_memo = (hashes, start, limit, self.version, found)
+            return list(found)
         local = self.where
         out = []
         for key in islice(hashes, start, limit):
@@ -364,6 +373,7 @@ class Hierarchy:
             return
         tier.incoming += len(keys)
         tier.stats.written_in += len(keys)
+        self.version += 1
         where.update(dict.fromkeys(keys, ~tier.index))
         done = tier.link.transfer(
             len(keys) * self.block_bytes,
@@ -378,6 +388,7 @@ class Hierarchy:
         assert where is not None
         tier.incoming -= len(keys)
         self.info.now_s = self.env.now
+        self.version += 1
         if not self.inclusive:
             back = [k for k in keys if self.in_hbm(k)]
             if back:
@@ -406,6 +417,7 @@ class Hierarchy:
         evictable = len(tier.policy)
         victims = tier.policy.evict(min(count, evictable)) if evictable else []
         tier.resident -= len(victims)
+        self.version += 1
         consume(map(tier.where.__delitem__, victims))  # type: ignore[union-attr]
         if not victims:
             return
@@ -418,6 +430,7 @@ class Hierarchy:
 
     def _remove(self, tier: LowerTier, key: int) -> None:
         tier.resident -= 1
+        self.version += 1
         del tier.where[key]  # type: ignore[index]
         tier.policy.forget(key)
 
