@@ -572,22 +572,24 @@ class Replica:
         now = self.env.now
         kv = self.kv
         bs = self.block_size
+        compacting = self.compacting
         finished = False
         handed: list[Request] = []
         for req, n in batch:
-            req.computed += n
+            computed = req.computed = req.computed + n
             self.outstanding_tokens -= n
-            if req.computed // bs > req.table.processed_blocks:  # a block filled up
+            if computed // bs > req.table.processed_blocks:  # a block filled up
                 kv.commit(req, now)
             gate = req.gate
-            if gate is not None and gate.done and req.computed >= gate.stop >= 0:
+            if gate is not None and gate.done and computed >= gate.stop >= 0:
                 self._join(req, gate)  # bidirectional: front computed, back loaded
-            if req.computed == req.known:
+                computed = req.computed
+            if computed == req.known:
                 if req.handoff is not None:  # a prefill replica's work is done: hand it on
                     handed.append(req)
                     continue
                 comp = req.comp
-                if self.compacting and comp is not None and comp.drops and not req.table.compacted:
+                if compacting and comp is not None and comp.drops and not req.table.compacted:
                     kv.compact(req, now)  # the prompt was scored whole: keep what is kept
                 self.outstanding_tokens += 1
                 req.generated += 1
