@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 from kvsim.engine.request import Request
 from kvsim.kvcache import BlockPool
 from kvsim.kvcache.group_pool import GroupPool
-from kvsim.kvcache.manager import KVCacheManager
 from kvsim.mrc import BlockSequence, replay
 from kvsim.mrc.heads import replay_heads
+from kvsim.mrc.replay import cache_only_manager
 from kvsim.policies import make_policy
 from kvsim.policies.ema_head import EmaHead, EmaHeadParams
-from kvsim.traces import KIND_CODES, SEGMENT_KINDS
+from kvsim.traces import KIND_CODES
 
 BLOCK = 16
 
@@ -70,18 +70,7 @@ def _engine(seq: BlockSequence, policy: EmaHead, capacity: int) -> tuple[int, in
         req.table.hashes = chain
         req.table.kinds = seq.kinds[offsets[req.index] : offsets[req.index + 1]]
 
-    kv = KVCacheManager(
-        pool,
-        None,
-        None,
-        block_size=seq.block_size,
-        chunk_tokens=1 << 62,
-        prefix_caching=True,
-        rope_reuse=False,
-        load_chain=load_chain,
-        rerotate_s_per_token=0.0,
-        kind_names=SEGMENT_KINDS,
-    )
+    kv = cache_only_manager(seq, pool, load_chain)
     hits = lossy = unserved = 0
     lost = 0.0
     prompts, arrivals = seq.prompt_tokens().tolist(), seq.arrival_s.tolist()

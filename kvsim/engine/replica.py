@@ -671,7 +671,7 @@ class Replica:
         kv = self.kv
         hit, evictable = kv.prefix_hit(req)
         start = hit * self.block_size
-        reserved = kv._reserved(req)
+        reserved = kv.reserved_blocks(req)
         plain = self._blocks_for(start + min(req.known - start, budget)) - hit + reserved
         hashes = req.table.hashes
         if kv.hierarchy is None or not kv.prefix_caching or hashes is None:

@@ -21,6 +21,7 @@ from kvsim.kvcache.block_table import BlockTable
 from kvsim.kvcache.hierarchy import Hierarchy
 from kvsim.kvcache.overlap import bidirectional_split, layerwise_s
 from kvsim.policies.base import FutureFn
+from kvsim.traces.blocks import mix
 
 # (HBM hit blocks, how many of those are evictable, the tier of each block to load from below,
 # tokens to compute now, new blocks needed). Under bidirectional load overlap the tier list may
@@ -115,13 +116,13 @@ class KVCacheManager:
             limit = min((req.known - 1) // self.block_size, len(hashes))
             load = self._worth_loading(req, hit, self.hierarchy.chain(hashes, hit, limit))
             if load:
-                return hit, evictable, load, 0, len(load) + self._reserved(req)
+                return hit, evictable, load, 0, len(load) + self.reserved_blocks(req)
         start = hit * self.block_size
         n = min(req.known - start, budget)
-        return hit, evictable, [], n, self._blocks_for(start + n) - hit + self._reserved(req)
+        return hit, evictable, [], n, self._blocks_for(start + n) - hit + self.reserved_blocks(req)
 
     @staticmethod
-    def _reserved(req: Request) -> int:
+    def reserved_blocks(req: Request) -> int:
         """Blocks a request holds beside its tokens' (quant's residual buffer), or 0."""
         comp = req.comp
         return 0 if comp is None else comp.reserved_blocks(req.input_tokens + req.output_tokens)
@@ -213,7 +214,7 @@ class KVCacheManager:
         req.computed = hit * self.block_size
         comp = req.comp
         if comp is not None:
-            table.reserved = self._reserved(req)
+            table.reserved = self.reserved_blocks(req)
             table.cache_limit = comp.cache_limit(
                 req.input_tokens, req.input_tokens + req.output_tokens
             )
@@ -324,22 +325,16 @@ class KVCacheManager:
             if full == len(hashes):  # past its chain: no block is offered, so skip the checks
                 table.processed_blocks = req.computed // self.block_size
             return
-        pool = self.pool
-        if full > table.cache_limit:  # compressed: pages past the limit are not reusable
-            end = max(table.cache_limit, table.processed_blocks)
-            if end > table.processed_blocks:
-                if pool.reports_misses:
-                    pool.describe(table.kinds, req.input_tokens)
-                table.held_cached += pool.register(hashes, table.processed_blocks, end, now_s)
-                self.block_ops += end - table.processed_blocks
-            table.processed_blocks = full
-            return
-        if pool.reports_misses:
-            pool.describe(table.kinds, req.input_tokens)
-        table.held_cached += pool.register(hashes, table.processed_blocks, full, now_s)
-        self.block_ops += full - table.processed_blocks
+        # a compressed request offers only its position-exact pages (up to `cache_limit`)
+        end = full if full <= table.cache_limit else max(table.cache_limit, table.processed_blocks)
+        if end > table.processed_blocks:
+            pool = self.pool
+            if pool.reports_misses:
+                pool.describe(table.kinds, req.input_tokens)
+            table.held_cached += pool.register(hashes, table.processed_blocks, end, now_s)
+            self.block_ops += end - table.processed_blocks
         table.processed_blocks = full
-        if table.pic_segments:
+        if end == full and table.pic_segments:
             self._record_segments(req)
 
     def free(self, req: Request, now_s: float, table: BlockTable | None = None) -> None:
@@ -460,4 +455,4 @@ def _salted_key(key: int, req: Request) -> int:
     """A segment's key under the request's compression: KV written under one compression is
     never reused, at any position, by a request under another (salt 0: the key itself)."""
     comp = req.comp
-    return key if comp is None or not comp.salt else hash((key, comp.salt))
+    return key if comp is None or not comp.salt else int(mix(key, comp.salt, 0)[0])

@@ -13,6 +13,7 @@ cannot be served (an engine refuses it); it counts as all misses and leaves the 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ from kvsim.engine.request import Request
 from kvsim.kvcache.block_pool import BlockPool
 from kvsim.kvcache.manager import KVCacheManager
 from kvsim.mrc.heads import replay_heads
-from kvsim.policies.base import BlockInfo, EvictionPolicy
+from kvsim.policies.base import BlockInfo, EvictionPolicy, FutureFn
 from kvsim.policies.ema_head import EmaHead
 from kvsim.policies.fifo import FIFO
 from kvsim.policies.lru import LRU
@@ -218,6 +219,29 @@ class _RequestClock:
         return self.next[key]
 
 
+def cache_only_manager(
+    seq: BlockSequence,
+    pool: BlockPool,
+    load_chain: Callable[[Request], None],
+    future: FutureFn | None = None,
+) -> KVCacheManager:
+    """The engine's KV-cache manager over `pool` with no tiers and no cost model: prompts are
+    admitted whole, one request at a time (prefix semantics, and tests that drive the engine)."""
+    return KVCacheManager(
+        pool,
+        None,
+        None,
+        block_size=seq.block_size,
+        chunk_tokens=1 << 62,
+        prefix_caching=True,
+        rope_reuse=False,
+        load_chain=load_chain,
+        rerotate_s_per_token=0.0,
+        kind_names=SEGMENT_KINDS,
+        future=future,
+    )
+
+
 def _replay_prefix(
     seq: BlockSequence, policy: EvictionPolicy, capacity: int, name: str
 ) -> ReplayResult:
@@ -233,19 +257,7 @@ def _replay_prefix(
         req.table.hashes = chain
         req.table.kinds = kinds[offsets[req.index] : offsets[req.index + 1]]
 
-    kv = KVCacheManager(
-        pool,
-        None,
-        None,
-        block_size=seq.block_size,
-        chunk_tokens=1 << 62,
-        prefix_caching=True,
-        rope_reuse=False,
-        load_chain=load_chain,
-        rerotate_s_per_token=0.0,
-        kind_names=SEGMENT_KINDS,
-        future=clock,
-    )
+    kv = cache_only_manager(seq, pool, load_chain, clock)
     budget = 1 << 62
     tokens = seq.prompt_tokens().tolist()
     arrivals = seq.arrival_s.tolist()
