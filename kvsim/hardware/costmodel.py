@@ -31,6 +31,7 @@ import numpy as np
 from kvsim.hardware.kernels import (
     ELEMENTWISE_KERNELS_PER_LAYER,
     KernelRates,
+    as_float,
     elementwise_bytes_per_token,
 )
 from kvsim.hardware.profile import HardwareProfile
@@ -188,7 +189,7 @@ class RooflineCostModel(ChunkedPrefill):
         flops = self.linear_flops_per_token * tokens + self.lm_head_flops_per_seq * sequences
         t = r.gemm_s(flops, self.weight_bytes, self.gemm_kernels)
         t = t + r.elementwise_s(
-            np.asarray(tokens) * self.elementwise_bytes_per_token, self.elementwise_kernels
+            as_float(tokens) * self.elementwise_bytes_per_token, self.elementwise_kernels
         )
         return t + self.allreduce_iteration_s(tokens)
 
@@ -196,8 +197,8 @@ class RooflineCostModel(ChunkedPrefill):
         """The tensor-parallel all-reduces of one iteration: two per layer (after attention and
         after the MLP) of every token's hidden state."""
         if not self.allreduce_calls:
-            return np.zeros_like(np.asarray(tokens, dtype=np.float64))
-        nbytes = np.asarray(tokens, dtype=np.float64) * self.allreduce_bytes_per_token
+            return 0.0 if np.ndim(tokens) == 0 else np.zeros(np.shape(tokens))
+        nbytes = as_float(tokens) * self.allreduce_bytes_per_token
         return self.allreduce_calls * self.rates.allreduce_s(nbytes, self.tp)
 
     def _prefill_pairs_and_reads(self, new: int, context: int) -> tuple[float, float]:

@@ -47,10 +47,22 @@ def elementwise_bytes_per_token(
     return elements * dtype_bytes
 
 
+def as_float(x):
+    """A scalar as a Python float, anything else as a float64 array. One kernel priced in Python
+    floats gives the bits numpy's scalar arithmetic gives (the same IEEE operations and C `pow`),
+    without numpy's per-call overhead, which dominates pricing one iteration."""
+    if isinstance(x, (int, float)):
+        return float(x)
+    return np.asarray(x, dtype=np.float64)
+
+
 def blend(compute_s: np.ndarray | float, memory_s: np.ndarray | float, p: float):
     """The soft roofline: the p-norm of the compute and memory times (p = inf is their max)."""
     if math.isinf(p):
         return np.maximum(compute_s, memory_s)
+    if isinstance(compute_s, float) and isinstance(memory_s, float):
+        top = max(compute_s, memory_s, 1e-300)
+        return top * ((compute_s / top) ** p + (memory_s / top) ** p) ** (1.0 / p)
     c = np.asarray(compute_s, dtype=np.float64)
     m = np.asarray(memory_s, dtype=np.float64)
     top = np.maximum(np.maximum(c, m), 1e-300)
@@ -67,7 +79,7 @@ def allreduce_s(
     figure and NVLS's compare directly."""
     if tp <= 1:
         return np.zeros_like(np.asarray(nbytes, dtype=np.float64)) if np.ndim(nbytes) else 0.0
-    moved = np.asarray(nbytes, dtype=np.float64) * 2.0 * (tp - 1) / tp
+    moved = as_float(nbytes) * 2.0 * (tp - 1) / tp
     best = None
     for a in algorithms:
         if tp < a.min_gpus:
@@ -115,19 +127,19 @@ class KernelRates:
 
     def gemm_s(self, flops, nbytes, kernels: float = 1.0):
         """``kernels`` GEMMs doing ``flops`` and moving ``nbytes`` between them."""
-        memory = np.asarray(nbytes, dtype=np.float64) / self.bytes_per_s
-        compute = np.asarray(flops, dtype=np.float64) / self.gemm_flops_per_s
+        memory = as_float(nbytes) / self.bytes_per_s
+        compute = as_float(flops) / self.gemm_flops_per_s
         return kernels * self.kernel_floor_s + blend(compute, memory, self.ridge)
 
     def attention_s(self, flops, nbytes, layers: float = 1.0):
         """Attention over ``layers`` layers doing ``flops`` and reading/writing ``nbytes``."""
-        memory = np.asarray(nbytes, dtype=np.float64) / self.bytes_per_s
-        compute = np.asarray(flops, dtype=np.float64) / self.attention_flops_per_s
+        memory = as_float(nbytes) / self.bytes_per_s
+        compute = as_float(flops) / self.attention_flops_per_s
         return layers * self.attention_floor_s + blend(compute, memory, self.ridge)
 
     def elementwise_s(self, nbytes, kernels: float):
         """Memory-bound passes (norms, RoPE, activation, residual adds) of ``kernels`` kernels."""
-        moved = np.asarray(nbytes, dtype=np.float64) / self.elementwise_bytes_per_s
+        moved = as_float(nbytes) / self.elementwise_bytes_per_s
         return kernels * self.elementwise_floor_s + moved
 
     def allreduce_s(self, nbytes, tp: int):
