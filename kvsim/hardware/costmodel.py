@@ -52,6 +52,8 @@ class _Group:
 class ChunkedPrefill:
     """`prefill_time_s` for any cost model that prices one iteration."""
 
+    _alone: dict[tuple[int, int, int | None], float] | None = None  # prefill_time_s memo
+
     def iteration_time_s(
         self, prefill: list[tuple[int, int]], decode_contexts: list[int] | np.ndarray
     ) -> float:
@@ -66,8 +68,20 @@ class ChunkedPrefill:
     ) -> float:
         """Seconds to prefill `tokens` after `context` in chunks of at most `chunk`: alone, or
         beside a batch of decoding sequences (`decode_contexts`) that share every iteration's
-        token budget and time."""
-        decode = np.zeros(0) if decode_contexts is None else decode_contexts
+        token budget and time. Alone it is a pure function of its arguments, and a queued
+        request's load-or-recompute choice asks it the same questions at every look: memoised."""
+        if decode_contexts is None:
+            memo = self._alone
+            if memo is None or len(memo) > 1 << 16:
+                memo = self._alone = {}
+            key = (tokens, context, chunk)
+            seconds = memo.get(key)
+            if seconds is None:
+                seconds = memo[key] = self._chunked_s(tokens, context, chunk, np.zeros(0))
+            return seconds
+        return self._chunked_s(tokens, context, chunk, decode_contexts)
+
+    def _chunked_s(self, tokens: int, context: int, chunk: int | None, decode: np.ndarray) -> float:
         chunk = max((chunk or tokens) - len(decode), 1)
         total = 0.0
         done = 0
@@ -229,6 +243,27 @@ class RooflineCostModel(ChunkedPrefill):
             nbytes += attended * g.kv_bytes_per_token + n * g.state_bytes_per_seq
         return flops, nbytes
 
+    def _decode_step_work(self, contexts: list[int] | np.ndarray) -> tuple[float, float]:
+        """`_decode_work` of one step, in Python floats: a group without a window needs only
+        the summed context, which for a list of ints is exact however it is added (otherwise
+        numpy adds it pairwise, as `_decode_work` does, so the bits are the same)."""
+        n = len(contexts)
+        total = sum(contexts) if isinstance(contexts, list) else None
+        if not isinstance(total, int):
+            array = np.asarray(contexts, dtype=np.float64)
+            total = array.sum()
+        flops = 0.0
+        nbytes = 0.0
+        for g in self.groups:
+            if g.window:
+                keys = np.minimum(np.asarray(contexts, dtype=np.float64), g.window).sum()
+                attended = float(keys) + n
+            else:
+                attended = float(total) + n
+            flops += attended * g.flops_per_pair
+            nbytes += attended * g.kv_bytes_per_token + n * g.state_bytes_per_seq
+        return flops, nbytes
+
     def _attention_s(self, flops, nbytes):
         """All prefill chunks and decode sequences of an iteration go into one attention
         kernel per layer (vLLM v1's unified varlen FlashAttention call)."""
@@ -250,9 +285,9 @@ class RooflineCostModel(ChunkedPrefill):
             flops += f
             nbytes += b
         if len(decode_contexts):
-            f, b = self._decode_work(np.asarray(decode_contexts, dtype=np.float64)[None, :])
-            flops += float(f[0])
-            nbytes += float(b[0])
+            f, b = self._decode_step_work(decode_contexts)
+            flops += f
+            nbytes += b
         sequences = len(prefill) + len(decode_contexts)
         t = self.linear_s(tokens, sequences) + self._attention_s(flops, nbytes)
         return float(t) + self.overhead_s

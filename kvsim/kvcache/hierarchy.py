@@ -196,6 +196,10 @@ class Hierarchy:
                     )
             per_block[tier.index] = cost
             latency[tier.index] = link.latency_s
+        if tiers.count(tiers[0]) == len(tiers):  # the usual case: all from one tier
+            steps = np.full(len(tiers), per_block[tiers[0]])
+            steps[0] += latency[tiers[0]]
+            return np.cumsum(steps)
         index = np.asarray(tiers)
         steps = per_block[index]
         used, first = np.unique(index, return_index=True)
