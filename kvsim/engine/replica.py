@@ -46,6 +46,8 @@ _generated = attrgetter("generated")
 _output_tokens = attrgetter("output_tokens")
 _held_blocks = attrgetter("table.held_blocks")
 _is_one = partial(eq, 1)
+#: running requests from which `_schedule` walks them in one numpy pass (below, one by one)
+_BULK = 48
 
 
 class LoadGate:
@@ -375,6 +377,9 @@ class Replica:
         bs = self.block_size
         i = 0
         kv.hold_writes()  # released before admission, which looks blocks up below HBM
+        if len(running) >= _BULK and not self.gated and not self.compacting:
+            budget, preempted = self._schedule_running(batch, budget)
+            i = len(running)  # every running request was looked at
         while i < len(running) and budget > 0:
             req = running[i]
             n = min(req.known - req.computed, budget)
@@ -410,6 +415,43 @@ class Replica:
         if not preempted:
             self._admit(batch, budget)
         return batch
+
+    def _schedule_running(self, batch: list[tuple[Request, int]], budget: int) -> tuple[int, bool]:
+        """`_schedule`'s walk over the running requests, for a large batch with no loads in
+        flight and nothing compacted: each one's tokens and new blocks are found in one numpy
+        pass, and only those needing blocks are visited, in order, as the walk would. Appends
+        to `batch`; returns (budget left, whether anything was preempted)."""
+        running = self.running
+        kv = self.kv
+        bs = self.block_size
+        count = len(running)
+        computed = np.fromiter(map(_computed, running), np.int64, count)
+        left = np.fromiter(map(_known, running), np.int64, count) - computed
+        before = np.cumsum(left) - left  # tokens the requests ahead take
+        scheduled = int(np.count_nonzero(before < budget))  # the walk stops when none are left
+        take = np.minimum(left[:scheduled], budget - before[:scheduled])
+        held = np.fromiter(map(_held_blocks, running), np.int64, count)[:scheduled]
+        need = (computed[:scheduled] + take + bs - 1) // bs - held
+        takes = take.tolist()
+        needs = need.tolist()
+        start = 0
+        preempted = False
+        for j in np.flatnonzero(need > 0).tolist():
+            if j >= len(running):  # preempted by a request ahead of it
+                break
+            batch.extend(zip(running[start:j], takes[start:j], strict=True))
+            req = running[j]
+            while not kv.allocate_slots(req, needs[j]):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    return budget - sum(takes[:j]), True
+            batch.append((req, takes[j]))
+            start = j + 1
+        end = min(scheduled, len(running))
+        batch.extend(zip(running[start:end], takes[start:end], strict=True))
+        return budget - sum(takes[:end]), preempted
 
     def _admit(self, batch: list[tuple[Request, int]], budget: int) -> None:
         waiting = self.waiting
@@ -577,28 +619,29 @@ class Replica:
         handed: list[Request] = []
         for req, n in batch:
             computed = req.computed = req.computed + n
-            self.outstanding_tokens -= n
             if computed // bs > req.table.processed_blocks:  # a block filled up
                 kv.commit(req, now)
             gate = req.gate
             if gate is not None and gate.done and computed >= gate.stop >= 0:
                 self._join(req, gate)  # bidirectional: front computed, back loaded
                 computed = req.computed
-            if computed == req.known:
-                if req.handoff is not None:  # a prefill replica's work is done: hand it on
+            if computed != req.known or req.handoff is not None:
+                self.outstanding_tokens -= n
+                if computed == req.known:  # a prefill replica's work is done: hand it on
                     handed.append(req)
-                    continue
-                comp = req.comp
-                if compacting and comp is not None and comp.drops and not req.table.compacted:
-                    kv.compact(req, now)  # the prompt was scored whole: keep what is kept
-                self.outstanding_tokens += 1
-                req.generated += 1
-                req.known += 1
-                if req.first_token_s < 0:
-                    req.first_token_s = now
-                if req.generated >= req.output_tokens:
-                    self._finish(req, now)
-                    finished = True
+                continue
+            if n != 1:  # a decode step's token is computed and its next one is known: no change
+                self.outstanding_tokens += 1 - n
+            comp = req.comp
+            if compacting and comp is not None and comp.drops and not req.table.compacted:
+                kv.compact(req, now)  # the prompt was scored whole: keep what is kept
+            generated = req.generated = req.generated + 1
+            req.known += 1
+            if req.first_token_s < 0:
+                req.first_token_s = now
+            if generated >= req.output_tokens:
+                self._finish(req, now)
+                finished = True
         if finished:
             self.running = [r for r in self.running if r.finish_s < 0]
         if handed:

@@ -10,6 +10,7 @@ block pool, the tiers below HBM with their loads and prefetches, and position-in
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import simpy
@@ -238,8 +239,8 @@ class KVCacheManager:
         tokens = [bs if first else 0] * len(tiers)
         if first:
             req.lower_tokens = [0] * len(hierarchy.tiers)
-            for t in tiers:
-                req.lower_tokens[t] += bs
+            for t, blocks in Counter(tiers).items():
+                req.lower_tokens[t] += bs * blocks
         return hierarchy.load(hashes[hit:end], tiers, tokens)
 
     def loaded(self, req: Request, end: int, now_s: float) -> None:
