@@ -7,10 +7,12 @@
 Each run is `kvsim.run.run` on the whole trace (all 12,031 requests: ``max_requests`` set past
 its length), the trace loaded once and reused. Prints a table of wall and CPU time (best of
 ``--repeats``; CPU time is this process's, steadier than wall time on a shared machine),
-simulated time, iterations, KV blocks, GB loaded from lower tiers and TTFT/TPOT p50 per
-profile. ``--same-schedule`` gives every profile HBM only and the uncompressed run's block count,
-so the schedules match and the difference is the compression machinery's own cost. Asserts
-nothing: the figures go in docs/compression.md ("In the engine").
+simulated time, iterations, KV blocks, GB and blocks loaded from lower tiers, the HBM block
+operations and evictions, and TTFT/TPOT p50 per profile (the block counts are the engine's work:
+benchmarks/dict_lookup_latency.py measures what each costs as the tables grow).
+``--same-schedule`` gives every profile HBM only and the uncompressed run's block count, so the
+schedules match and the difference is the compression machinery's own cost. Asserts nothing:
+the figures go in docs/compression.md ("Does compression slow the engine?").
 """
 
 from __future__ import annotations
@@ -72,15 +74,20 @@ def main() -> None:
                 summary["ttft_p50_s"] * 1000,
                 summary["tpot_p50_s"] * 1000,
                 summary["preemptions"],
+                loaded * 1e9 / summary["kv_block_bytes_per_rank"] / 1e6,
+                summary["block_ops"] / 1e6,
+                summary["evicted_blocks"] / 1e6,
             )
         )
     head = ("profile", "wall s", "cpu s", "GB loaded", "requests", "sim s", "iterations",
-            "KV blocks", "TTFT p50 ms", "TPOT p50 ms", "preemptions")  # fmt: skip
+            "KV blocks", "TTFT p50 ms", "TPOT p50 ms", "preemptions", "M blocks loaded",
+            "M HBM block ops", "M evictions")  # fmt: skip
     print(" | ".join(head))
     for r in rows:
         print(
             f"{r[0]} | {r[1]:.1f} | {r[2]:.1f} | {r[3]:,.1f} | {r[4]:,} | {r[5]:,.0f} | {r[6]:,}"
-            f" | {r[7]:,} | {r[8]:,.1f} | {r[9]:.2f} | {r[10]:,}"
+            f" | {r[7]:,} | {r[8]:,.1f} | {r[9]:.2f} | {r[10]:,} | {r[11]:.2f} | {r[12]:.1f}"
+            f" | {r[13]:.2f}"
         )
 
 
