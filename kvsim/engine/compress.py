@@ -5,8 +5,8 @@ turns that into the few numbers the scheduler and the cost model ask for on the 
 
 - page (block) bytes: ``ceil(block_size x bytes_per_kept_token)``, so HBM holds more pages and
   lower tiers store and move smaller ones (`none`: today's ``kv_bytes_per_block``);
-- the salt mixed into a request's block hash chain, so a request never hits blocks written
-  under another compression (`none`: salt 0, today's hashes);
+- the salt that gives a request's blocks their own range of block ids, so a request never hits
+  blocks written under another compression (`none`: salt 0, the unsalted ids);
 - for a token-dropping profile, the pages a request keeps at a context once its prompt is
   compacted, ``ceil(compressed bytes / page bytes)`` (never more than uncompressed), and how
   many leading pages stay position-exact, hence reusable by hash;
@@ -39,7 +39,6 @@ from kvsim.compression import (
 )
 from kvsim.hardware.kernels import KernelRates
 from kvsim.models import ModelSpec, kv_bytes_per_block, kv_bytes_per_token
-from kvsim.traces.blocks import mix
 
 if TYPE_CHECKING:  # the replica imports this module
     from kvsim.engine.replica import Replica
@@ -63,13 +62,6 @@ def page_bytes(model: ModelSpec, comp: Compression, block_size: int, kv_dtype: s
     if comp.name == "none":
         return kv_bytes_per_block(model, block_size, kv_dtype, tp)
     return math.ceil(block_size * bytes_per_kept_token(model, comp, kv_dtype, tp))
-
-
-def salted(hashes: np.ndarray, salt: int) -> np.ndarray:
-    """A block hash chain under a compression's salt (unchanged for salt 0)."""
-    if not salt or not len(hashes):
-        return hashes
-    return mix(hashes, np.uint64(salt & ((1 << 64) - 1)), np.uint64(0))
 
 
 @dataclass

@@ -13,7 +13,7 @@ import simpy
 
 from kvsim.capacity import profile_capacity_report
 from kvsim.engine.cluster import Attribution, CacheView, Cluster, node_of
-from kvsim.engine.compress import AutoChooser, EngineCompression, page_bytes, parse, salted
+from kvsim.engine.compress import AutoChooser, EngineCompression, page_bytes, parse
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.replica import Replica
 from kvsim.engine.request import Request
@@ -41,9 +41,14 @@ from kvsim.policies import make_policy
 from kvsim.policies.oracle import FutureUses
 from kvsim.routers import make_router, parse_router_params
 from kvsim.traces import Trace
-from kvsim.traces.blocks import batch_block_hashes, block_kinds, sequence_block_hashes
+from kvsim.traces.blocks import (
+    batch_block_hashes,
+    batch_sequence_block_hashes,
+    block_kinds,
+    first_seen_ids,
+)
 from kvsim.traces.schema import KIND_CODES, SEGMENT_KINDS, segment_columns
-from kvsim.traces.stats import reused_blocks
+from kvsim.traces.stats import reused_from_ids
 
 ProgressFn = Callable[[int, int], None]
 # segments whose KV can be reused at another position (a document, a tool's output)
@@ -150,6 +155,41 @@ class _TraceRequests:
         self.seg_hash = segments.hashes
         self.seg_tokens = segments.tokens
         self.seg_kinds = segments.kinds
+        self._ids: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._salt_slots: dict[int, int] = {0: 0}
+
+    def _block_ids(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(block offsets, block ids, distinct hashes sorted, their ids) of every request's
+        chain (`sequence_block_hashes`: prompt, then a content-addressed reply), numbered by
+        first appearance in trace order (kvsim.traces.blocks.first_seen_ids). Built once, on
+        first use, in numpy passes over the whole trace."""
+        if self._ids is None:
+            block_offsets, blocks = batch_sequence_block_hashes(
+                self.seg_offsets,
+                self.seg_hash,
+                self.seg_tokens,
+                self.output_hash,
+                self.output_tokens,
+                self.block_size,
+            )
+            ids, distinct, distinct_ids = first_seen_ids(blocks)
+            narrow = np.int32 if distinct.size < np.iinfo(np.int32).max else np.int64
+            self._ids = (block_offsets, ids.astype(narrow), distinct, distinct_ids.astype(narrow))
+        return self._ids
+
+    def reused_blocks(self) -> np.ndarray:
+        """kvsim.traces.stats.reused_blocks at the engine's cap (at least one prompt token is
+        computed), from the chains' ids."""
+        offsets, ids, _, _ = self._block_ids()
+        return reused_from_ids(offsets, ids, (self.input_tokens - 1) // self.block_size)
+
+    def _salted(self, ids: np.ndarray, salt: int) -> np.ndarray:
+        """Block ids under a compression's salt (kvsim.compression; 0 for none): each salt gets
+        its own range of ids, so blocks of different compressions never match."""
+        if not salt:
+            return ids
+        slot = self._salt_slots.setdefault(salt, len(self._salt_slots))
+        return ids.astype(np.int64) + slot * (len(self._block_ids()[2]) + 1)
 
     def load_chain(self, req: Request, with_kinds: bool, with_segments: bool = False) -> None:
         """Fill `req.table.hashes` (full blocks of prompt + reply) and, if asked, each block's
@@ -158,13 +198,12 @@ class _TraceRequests:
         table = req.table
         lo, hi = self.seg_offsets[i], self.seg_offsets[i + 1]
         out_hash, out_tokens = int(self.output_hash[i]), int(self.output_tokens[i])
-        hashes = sequence_block_hashes(
-            self.seg_hash[lo:hi], self.seg_tokens[lo:hi], out_hash, out_tokens, self.block_size
-        )
+        block_offsets, ids, _, _ = self._block_ids()
+        chain = ids[block_offsets[i] : block_offsets[i + 1]]
         comp = req.comp
         if comp is not None and comp.salt:  # blocks of another compression never match
-            hashes = salted(hashes, comp.salt)
-        table.hashes = hashes.tolist()
+            chain = self._salted(chain, comp.salt)
+        table.hashes = chain.tolist()
         if with_segments:
             kinds, tokens = self.seg_kinds[lo:hi], self.seg_tokens[lo:hi]
             ends = np.cumsum(tokens)
@@ -206,8 +245,10 @@ def future_uses(source: _TraceRequests, block_size: int, salt: int = 0) -> Futur
     offsets, hashes = batch_block_hashes(
         source.seg_offsets, source.seg_hash, source.seg_tokens, block_size
     )
-    hashes = salted(hashes, salt)
-    return FutureUses(hashes, np.repeat(source.arrival_s, np.diff(offsets)))
+    # a full prompt block is a block of its request's chain: the same id the engine uses
+    _, _, distinct, ids = source._block_ids()
+    keys = source._salted(ids[np.searchsorted(distinct, hashes)], salt)
+    return FutureUses(keys, np.repeat(source.arrival_s, np.diff(offsets)))
 
 
 def simulate(
@@ -385,9 +426,7 @@ def simulate(
         kv_bytes_per_token=token_bytes * config.tp,
         fabric=fabric,
         nvlinks=nvlinks,
-        attribution=Attribution(
-            reused_blocks(trace, config.block_size, (source.input_tokens - 1) // config.block_size)
-        ),
+        attribution=Attribution(source.reused_blocks()),
         shadow=shadow,
     )
     one = replicas[0] if count == 1 else None

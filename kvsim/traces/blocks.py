@@ -23,8 +23,10 @@ import numpy as np
 __all__ = [
     "CHAIN_SEED",
     "batch_block_hashes",
+    "batch_sequence_block_hashes",
     "block_hashes",
     "block_kinds",
+    "first_seen_ids",
     "mix",
     "sequence_block_hashes",
 ]
@@ -195,3 +197,54 @@ def batch_block_hashes(
     seg = np.searchsorted(ends, block_ends, side="left")
     within = block_ends - (ends[seg] - tokens[seg])
     return block_offsets, _mix_post_arr(pre[seg], within)
+
+
+def batch_sequence_block_hashes(
+    offsets: np.ndarray,
+    seg_hashes: np.ndarray,
+    seg_tokens: np.ndarray,
+    output_hash: np.ndarray,
+    output_tokens: np.ndarray,
+    block_size: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`sequence_block_hashes` of many requests at once (prompt, then the reply as one more
+    segment where it is content-addressed), in `batch_block_hashes`' layout."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    counts = np.diff(offsets)
+    reply = (np.asarray(output_hash) != 0) & (np.asarray(output_tokens) > 0)
+    rows = np.concatenate(([0], np.cumsum(counts + reply))).astype(np.int64)
+    hashes = np.empty(rows[-1], np.uint64)
+    tokens = np.empty(rows[-1], np.int64)
+    own = np.repeat(np.arange(counts.size), counts)
+    at = rows[own] + (np.arange(own.size) - offsets[own])
+    hashes[at], tokens[at] = seg_hashes, seg_tokens
+    last = rows[1:][reply] - 1
+    hashes[last] = np.asarray(output_hash)[reply].astype(np.uint64)
+    tokens[last] = np.asarray(output_tokens)[reply]
+    return batch_block_hashes(rows, hashes, tokens, block_size)
+
+
+def first_seen_ids(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Dense ids 1, 2, ... for `hashes`, numbered by first appearance (equal hashes share one
+    id): (the id of each hash, the distinct hashes sorted, the id of each of those).
+
+    The engine keys its block tables by these instead of the 64-bit hashes. A dict's slot is its
+    key's low bits, so a prompt's new blocks, first seen together, get consecutive ids and land in
+    neighbouring slots: a chain's lookups touch a few cache lines instead of one per block, which
+    at the table sizes of a large run is most of a block operation's cost
+    (benchmarks/dict_lookup_latency.py). 0 is never an id (it names "no parent")."""
+    if not hashes.size:
+        empty = np.zeros(0, np.int64)
+        return empty, np.zeros(0, np.uint64), empty
+    order = np.argsort(hashes, kind="stable")
+    ordered = hashes[order]
+    starts = np.empty(ordered.size, dtype=bool)
+    starts[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    run = np.cumsum(starts) - 1  # which distinct value each sorted position holds
+    first = order[starts]  # where each distinct value first appears (the sort is stable)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(1, first.size + 1)
+    ids = np.empty(hashes.size, dtype=np.int64)
+    ids[order] = rank[run]
+    return ids, ordered[starts], rank

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.traces.blocks import batch_block_hashes
+from kvsim.traces.blocks import batch_sequence_block_hashes, first_seen_ids
 from kvsim.traces.schema import Trace, segment_columns
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "reuse_ceiling", "reused_blocks", "trace_stats"]
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "reuse_ceiling",
+    "reused_blocks",
+    "reused_from_ids",
+    "trace_stats",
+]
 
 DEFAULT_BLOCK_SIZE = 16
 _PCTS = (50, 90, 99)
@@ -27,35 +33,32 @@ def reused_blocks(
     (input - 1) // block_size; default, every full prompt block)."""
     table = trace.table
     seg = segment_columns(table)
-    out_hash = table.column("output_hash").to_numpy()
-    out_tok = table.column("output_tokens").to_numpy().astype(np.int64)
+    # each content-addressed reply is one more segment: the sequence that gets cached
+    offsets, hashes = batch_sequence_block_hashes(
+        seg.offsets,
+        seg.hashes,
+        seg.tokens,
+        table.column("output_hash").to_numpy(),
+        table.column("output_tokens").to_numpy(),
+        block_size,
+    )
     inputs = table.column("input_tokens").to_numpy().astype(np.int64)
-    n = table.num_rows
-    # Append each content-addressed reply as one more segment: the sequence that gets cached.
-    extra = (out_hash != 0).astype(np.int64)
-    counts = np.diff(seg.offsets) + extra
-    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-    hashes = np.empty(offsets[-1], np.uint64)
-    tokens = np.empty(offsets[-1], np.int64)
-    own = np.repeat(np.arange(n), np.diff(seg.offsets))
-    dst = offsets[own] + (np.arange(seg.hashes.size) - seg.offsets[own])
-    hashes[dst], tokens[dst] = seg.hashes, seg.tokens
-    last = offsets[1:][extra > 0] - 1
-    hashes[last], tokens[last] = out_hash[extra > 0], out_tok[extra > 0]
-    b_off, b_hash = batch_block_hashes(offsets, hashes, tokens, block_size)
-    del hashes, tokens, own, dst
-    # a block hits when an earlier block has its hash: after a stable sort, every block of a
-    # run of equal hashes but the first (the earliest) is a hit
-    order = np.argsort(b_hash, kind="stable")
-    ordered = b_hash[order]
-    del b_hash
-    seen_before = np.empty(ordered.size, dtype=bool)
-    seen_before[order] = np.concatenate(([False], ordered[1:] == ordered[:-1]))
-    del order, ordered
-    row = np.repeat(np.arange(n, dtype=np.int32), np.diff(b_off))
-    k = np.arange(row.size, dtype=np.int64) - b_off[row]
     cap = inputs // block_size if cap_blocks is None else cap_blocks
-    hit = seen_before & (k < cap[row])
+    return reused_from_ids(offsets, first_seen_ids(hashes)[0], cap)
+
+
+def reused_from_ids(offsets: np.ndarray, ids: np.ndarray, cap_blocks: np.ndarray) -> np.ndarray:
+    """`reused_blocks` from every request's chain of first-seen ids (kvsim.traces.blocks
+    .first_seen_ids, rows delimited by `offsets`): a block hits when its id was seen earlier,
+    which, ids being numbered by first appearance, is when it is no larger than every id before."""
+    n = offsets.size - 1
+    seen = np.zeros(ids.size, dtype=bool)
+    if ids.size:
+        before = np.maximum.accumulate(ids)
+        seen[1:] = ids[1:] <= before[:-1]
+    row = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
+    k = np.arange(row.size, dtype=np.int64) - offsets[row]
+    hit = seen & (k < cap_blocks[row])
     return np.bincount(row[hit], minlength=n).astype(np.int64)
 
 
