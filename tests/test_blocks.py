@@ -14,11 +14,14 @@ from kvsim.traces.blocks import (
     CHAIN_SEED,
     _mix_int,
     batch_block_hashes,
+    batch_sequence_block_hashes,
     block_hashes,
     block_kinds,
+    first_seen_ids,
     mix,
     sequence_block_hashes,
 )
+from kvsim.traces.stats import reused_from_ids
 
 U64 = st.integers(min_value=1, max_value=2**64 - 1)
 SEGMENT = st.tuples(U64, st.integers(min_value=1, max_value=300))
@@ -158,6 +161,70 @@ def test_batch_equals_per_row(rows, block_size):
     for i, row in enumerate(rows):
         expect = block_hashes(*arrays(row), block_size).tolist()
         assert got[block_offsets[i] : block_offsets[i + 1]].tolist() == expect
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.tuples(SEGMENTS, U64 | st.just(0), st.integers(min_value=0, max_value=90)),
+             min_size=1, max_size=6),
+    st.integers(min_value=1, max_value=40),
+)  # fmt: skip
+def test_batch_sequence_equals_per_row(rows, block_size):
+    offsets = np.cumsum([0] + [len(segs) for segs, _, _ in rows])
+    hashes, tokens = arrays([s for segs, _, _ in rows for s in segs])
+    out_hash = np.array([h for _, h, _ in rows], dtype=np.uint64)
+    out_tokens = np.array([n for _, _, n in rows], dtype=np.int64)
+    block_offsets, got = batch_sequence_block_hashes(
+        offsets, hashes, tokens, out_hash, out_tokens, block_size
+    )
+    for i, (segs, h, n) in enumerate(rows):
+        expect = sequence_block_hashes(*arrays(segs), h, n, block_size).tolist()
+        assert got[block_offsets[i] : block_offsets[i + 1]].tolist() == expect
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=12), max_size=60))
+def test_first_seen_ids_number_by_first_appearance(values):
+    hashes = np.array(values, dtype=np.uint64)
+    ids, distinct, distinct_ids = first_seen_ids(hashes)
+    expect: dict[int, int] = {}
+    for v in values:
+        expect.setdefault(v, len(expect) + 1)  # 1, 2, ... in order of first appearance
+    assert ids.tolist() == [expect[v] for v in values]
+    assert distinct.tolist() == sorted(expect)
+    assert distinct_ids.tolist() == [expect[v] for v in sorted(expect)]
+
+
+def test_first_seen_ids_make_a_new_chain_consecutive():
+    """Two prompts sharing a prefix: the second's new blocks follow on from the first's ids."""
+    shared = np.array([11, 22, 33], dtype=np.uint64)
+    first = np.concatenate([shared, np.array([44, 55], dtype=np.uint64)])
+    second = np.concatenate([shared, np.array([66, 77, 88], dtype=np.uint64)])
+    ids, _, _ = first_seen_ids(np.concatenate([first, second]))
+    assert ids.tolist() == [1, 2, 3, 4, 5, 1, 2, 3, 6, 7, 8]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(min_value=1, max_value=15), max_size=10), min_size=1,
+             max_size=8),
+    st.integers(min_value=0, max_value=12),
+)  # fmt: skip
+def test_reused_from_ids_counts_blocks_seen_earlier(rows, cap):
+    """Against a set: a block hits when any earlier position (any row) held its hash."""
+    offsets = np.cumsum([0] + [len(r) for r in rows])
+    flat = np.array([h for r in rows for h in r], dtype=np.uint64)
+    ids, _, _ = first_seen_ids(flat)
+    caps = np.full(len(rows), cap, dtype=np.int64)
+    seen: set[int] = set()
+    expect = []
+    for r in rows:
+        hits = 0
+        for k, h in enumerate(r):
+            hits += h in seen and k < cap
+            seen.add(h)
+        expect.append(hits)
+    assert reused_from_ids(offsets, ids, caps).tolist() == expect
 
 
 def test_speed_report():

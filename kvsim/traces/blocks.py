@@ -243,8 +243,9 @@ def first_seen_ids(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
     run = np.cumsum(starts) - 1  # which distinct value each sorted position holds
     first = order[starts]  # where each distinct value first appears (the sort is stable)
-    rank = np.empty(first.size, dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(1, first.size + 1)
+    is_first = np.zeros(hashes.size, dtype=bool)
+    is_first[first] = True
+    rank = np.cumsum(is_first)[first]  # first appearances before and at each: its id
     ids = np.empty(hashes.size, dtype=np.int64)
     ids[order] = rank[run]
     return ids, ordered[starts], rank
