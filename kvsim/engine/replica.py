@@ -46,8 +46,6 @@ _generated = attrgetter("generated")
 _output_tokens = attrgetter("output_tokens")
 _held_blocks = attrgetter("table.held_blocks")
 _is_one = partial(eq, 1)
-#: running requests from which `_schedule` walks them in one numpy pass (below, one by one)
-_BULK = 48
 
 
 class LoadGate:
@@ -377,28 +375,37 @@ class Replica:
         bs = self.block_size
         i = 0
         kv.hold_writes()  # released before admission, which looks blocks up below HBM
-        if len(running) >= _BULK and not self.gated and not self.compacting:
-            budget, preempted = self._schedule_running(batch, budget)
-            i = len(running)  # every running request was looked at
         while i < len(running) and budget > 0:
             req = running[i]
-            n = min(req.known - req.computed, budget)
+            computed = req.computed
+            n = req.known - computed
+            if n > budget:
+                n = budget
             gate = req.gate
-            if gate is not None and gate.stop >= 0:  # bidirectional: only the front, for now
-                n = min(gate.stop - req.computed, budget)
-                if n <= 0:
+            table = req.table
+            if gate is None and not table.compacted:
+                if computed + n <= table.held_blocks * bs:  # the usual decode step: its last
+                    batch.append((req, n))  # block has room (no call needed)
+                    budget -= n
                     i += 1
                     continue
-            if req.table.compacted:
-                t = req.computed + n
-                need = req.comp.kept_blocks(t, t - req.input_tokens) - req.table.held_blocks
+                need = -(-(computed + n) // bs) - table.held_blocks
             else:
-                need = -(-(req.computed + n) // bs) - req.table.held_blocks
-            if need <= 0:  # the usual decode step: its last block has room (no call needed)
-                batch.append((req, n))
-                budget -= n
-                i += 1
-                continue
+                if gate is not None and gate.stop >= 0:  # bidirectional: only the front, for now
+                    n = min(gate.stop - computed, budget)
+                    if n <= 0:
+                        i += 1
+                        continue
+                if table.compacted:
+                    t = computed + n
+                    need = req.comp.kept_blocks(t, t - req.input_tokens) - table.held_blocks
+                else:
+                    need = -(-(computed + n) // bs) - table.held_blocks
+                if need <= 0:
+                    batch.append((req, n))
+                    budget -= n
+                    i += 1
+                    continue
             while not kv.allocate_slots(req, need):
                 victim = running.pop()
                 self._preempt(victim)
@@ -415,43 +422,6 @@ class Replica:
         if not preempted:
             self._admit(batch, budget)
         return batch
-
-    def _schedule_running(self, batch: list[tuple[Request, int]], budget: int) -> tuple[int, bool]:
-        """`_schedule`'s walk over the running requests, for a large batch with no loads in
-        flight and nothing compacted: each one's tokens and new blocks are found in one numpy
-        pass, and only those needing blocks are visited, in order, as the walk would. Appends
-        to `batch`; returns (budget left, whether anything was preempted)."""
-        running = self.running
-        kv = self.kv
-        bs = self.block_size
-        count = len(running)
-        computed = np.fromiter(map(_computed, running), np.int64, count)
-        left = np.fromiter(map(_known, running), np.int64, count) - computed
-        before = np.cumsum(left) - left  # tokens the requests ahead take
-        scheduled = int(np.count_nonzero(before < budget))  # the walk stops when none are left
-        take = np.minimum(left[:scheduled], budget - before[:scheduled])
-        held = np.fromiter(map(_held_blocks, running), np.int64, count)[:scheduled]
-        need = (computed[:scheduled] + take + bs - 1) // bs - held
-        takes = take.tolist()
-        needs = need.tolist()
-        start = 0
-        preempted = False
-        for j in np.flatnonzero(need > 0).tolist():
-            if j >= len(running):  # preempted by a request ahead of it
-                break
-            batch.extend(zip(running[start:j], takes[start:j], strict=True))
-            req = running[j]
-            while not kv.allocate_slots(req, needs[j]):
-                victim = running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
-                    return budget - sum(takes[:j]), True
-            batch.append((req, takes[j]))
-            start = j + 1
-        end = min(scheduled, len(running))
-        batch.extend(zip(running[start:end], takes[start:end], strict=True))
-        return budget - sum(takes[:end]), preempted
 
     def _admit(self, batch: list[tuple[Request, int]], budget: int) -> None:
         waiting = self.waiting
@@ -632,11 +602,12 @@ class Replica:
                 continue
             if n != 1:  # a decode step's token is computed and its next one is known: no change
                 self.outstanding_tokens += 1 - n
-            comp = req.comp
-            if compacting and comp is not None and comp.drops and not req.table.compacted:
-                kv.compact(req, now)  # the prompt was scored whole: keep what is kept
+            if compacting:
+                comp = req.comp
+                if comp is not None and comp.drops and not req.table.compacted:
+                    kv.compact(req, now)  # the prompt was scored whole: keep what is kept
             generated = req.generated = req.generated + 1
-            req.known += 1
+            req.known = computed + 1
             if req.first_token_s < 0:
                 req.first_token_s = now
             if generated >= req.output_tokens:
@@ -680,8 +651,10 @@ class Replica:
         running = self.running
         if self.gated or not running or len(running) > self.config.max_num_batched_tokens:
             return False
-        # one decode token each, tested in C: known - computed == 1 for every request
-        return all(map(_is_one, map(sub, map(_known, running), map(_computed, running))))
+        # one decode token each, tested in C: known - computed == 1 for every request, from the
+        # back, where an admitted request still prefilling sits (the test then stops at once)
+        known, computed = map(_known, reversed(running)), map(_computed, reversed(running))
+        return all(map(_is_one, map(sub, known, computed)))
 
     def _decode_only(self) -> bool:
         """The batch can only decode until something finishes: nothing waiting can join."""
