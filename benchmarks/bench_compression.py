@@ -5,8 +5,9 @@
     python benchmarks/bench_compression.py --same-schedule  # HBM only, equal block counts
 
 Each run is `kvsim.run.run` on the whole trace (all 12,031 requests: ``max_requests`` set past
-its length), the trace loaded once and reused. Prints a table of wall and CPU time (best of
-``--repeats``; CPU time is this process's, steadier than wall time on a shared machine),
+its length), the trace loaded once and reused; ``--repeats`` rounds each run every profile once,
+in turn, so a slow spell of a shared machine hits them alike. Prints a table of wall and CPU time
+(best of the rounds; CPU time is this process's, steadier than wall time on a shared machine),
 simulated time, iterations, KV blocks, GB and blocks loaded from lower tiers, the HBM block
 operations and evictions, and TTFT/TPOT p50 per profile (the block counts are the engine's work:
 benchmarks/dict_lookup_latency.py measures what each costs as the tables grow).
@@ -18,6 +19,7 @@ the figures go in docs/compression.md ("Does compression slow the engine?").
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 WHOLE = 1_000_000  # more requests than the trace has: replay all of them
@@ -46,26 +48,32 @@ def main() -> None:
     if args.same_schedule:
         blocks, _ = kv_blocks_for(load_model(base.model), load_profile(base.hardware), base.engine)
         same = {"tiers": "hbm", "num_gpu_blocks": blocks}
-    for text in [p.strip() for p in args.profiles.split(";") if p.strip()]:
-        config = RunConfig(
+    texts = [p.strip() for p in args.profiles.split(";") if p.strip()]
+    configs = {
+        text: RunConfig(
             trace=args.trace,
             max_requests=args.max_requests,
             engine=EngineConfig(compression=text, **same),
         )
-        walls = []
-        cpus = []
-        summary: dict = {}
-        for _ in range(args.repeats):
+        for text in texts
+    }
+    walls: dict[str, list[float]] = {text: [] for text in texts}
+    cpus: dict[str, list[float]] = {text: [] for text in texts}
+    summaries: dict[str, dict] = {}
+    for _ in range(args.repeats):  # rounds alternate the profiles: a slow spell hits them alike
+        for text, config in configs.items():
             start, cpu = time.perf_counter(), time.process_time()
-            summary = run(config, trace=trace).summary
-            walls.append(time.perf_counter() - start)
-            cpus.append(time.process_time() - cpu)
+            summaries[text] = run(config, trace=trace).summary
+            walls[text].append(time.perf_counter() - start)
+            cpus[text].append(time.process_time() - cpu)
+    for text in texts:
+        summary = summaries[text]
         loaded = sum(t["bytes_read"] for t in summary["tiers"].values()) / 1e9
         rows.append(
             (
                 text,
-                min(walls),
-                min(cpus),
+                min(walls[text]),
+                min(cpus[text]),
                 loaded,
                 summary["requests"],
                 summary["simulated_s"],
@@ -89,6 +97,17 @@ def main() -> None:
             f" | {r[7]:,} | {r[8]:,.1f} | {r[9]:.2f} | {r[10]:,} | {r[11]:.2f} | {r[12]:.1f}"
             f" | {r[13]:.2f}"
         )
+    for text in texts:
+        print(f"{text}: wall s per round " + ", ".join(f"{w:.1f}" for w in walls[text]))
+    if len(texts) > 1:  # each round's ratio to the first profile, the same machine state
+        first = walls[texts[0]]
+        for text in texts[1:]:
+            ratios = [w / f for w, f in zip(walls[text], first, strict=True)]
+            print(
+                f"{text} / {texts[0]} per round: "
+                + ", ".join(f"{r:.3f}" for r in ratios)
+                + f"; median {statistics.median(ratios):.3f}"
+            )
 
 
 if __name__ == "__main__":
