@@ -42,7 +42,6 @@ from kvsim.policies.oracle import FutureUses
 from kvsim.routers import make_router, parse_router_params
 from kvsim.traces import Trace
 from kvsim.traces.blocks import (
-    batch_block_hashes,
     batch_sequence_block_hashes,
     block_kinds,
     first_seen_ids,
@@ -155,14 +154,15 @@ class _TraceRequests:
         self.seg_hash = segments.hashes
         self.seg_tokens = segments.tokens
         self.seg_kinds = segments.kinds
-        self._ids: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._ids: tuple[np.ndarray, np.ndarray] | None = None
+        self._id_span = 0  # ids are 1 .. span - 1: a salt's range starts at a multiple of it
         self._salt_slots: dict[int, int] = {0: 0}
 
-    def _block_ids(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(block offsets, block ids, distinct hashes sorted, their ids) of every request's
-        chain (`sequence_block_hashes`: prompt, then a content-addressed reply), numbered by
-        first appearance in trace order (kvsim.traces.blocks.first_seen_ids). Built once, on
-        first use, in numpy passes over the whole trace."""
+    def _block_ids(self) -> tuple[np.ndarray, np.ndarray]:
+        """(block offsets, block ids) of every request's chain (`sequence_block_hashes`:
+        prompt, then a content-addressed reply), numbered by first appearance in trace order
+        (kvsim.traces.blocks.first_seen_ids). Built once, on first use, in numpy passes over
+        the whole trace."""
         if self._ids is None:
             block_offsets, blocks = batch_sequence_block_hashes(
                 self.seg_offsets,
@@ -172,15 +172,16 @@ class _TraceRequests:
                 self.output_tokens,
                 self.block_size,
             )
-            ids, distinct, distinct_ids = first_seen_ids(blocks)
-            narrow = np.int32 if distinct.size < np.iinfo(np.int32).max else np.int64
-            self._ids = (block_offsets, ids.astype(narrow), distinct, distinct_ids.astype(narrow))
+            ids, distinct, _ = first_seen_ids(blocks)
+            self._id_span = distinct.size + 1
+            narrow = np.int32 if self._id_span < np.iinfo(np.int32).max else np.int64
+            self._ids = (block_offsets, ids.astype(narrow))
         return self._ids
 
     def reused_blocks(self) -> np.ndarray:
         """kvsim.traces.stats.reused_blocks at the engine's cap (at least one prompt token is
         computed), from the chains' ids."""
-        offsets, ids, _, _ = self._block_ids()
+        offsets, ids = self._block_ids()
         return reused_from_ids(offsets, ids, (self.input_tokens - 1) // self.block_size)
 
     def _salted(self, ids: np.ndarray, salt: int) -> np.ndarray:
@@ -189,7 +190,8 @@ class _TraceRequests:
         if not salt:
             return ids
         slot = self._salt_slots.setdefault(salt, len(self._salt_slots))
-        return ids.astype(np.int64) + slot * (len(self._block_ids()[2]) + 1)
+        self._block_ids()
+        return ids.astype(np.int64) + slot * self._id_span
 
     def load_chain(self, req: Request, with_kinds: bool, with_segments: bool = False) -> None:
         """Fill `req.table.hashes` (full blocks of prompt + reply) and, if asked, each block's
@@ -198,7 +200,7 @@ class _TraceRequests:
         table = req.table
         lo, hi = self.seg_offsets[i], self.seg_offsets[i + 1]
         out_hash, out_tokens = int(self.output_hash[i]), int(self.output_tokens[i])
-        block_offsets, ids, _, _ = self._block_ids()
+        block_offsets, ids = self._block_ids()
         chain = ids[block_offsets[i] : block_offsets[i + 1]]
         comp = req.comp
         if comp is not None and comp.salt:  # blocks of another compression never match
@@ -242,13 +244,15 @@ def future_uses(source: _TraceRequests, block_size: int, salt: int = 0) -> Futur
     Uses each request's nominal `arrival_s`; closed-loop turns arrive when the simulation says,
     so for them this is the trace's estimate, the best an oracle given the trace can know.
     `salt`: the run's compression (under auto, chosen per request, the oracle sees none)."""
-    offsets, hashes = batch_block_hashes(
-        source.seg_offsets, source.seg_hash, source.seg_tokens, block_size
-    )
-    # a full prompt block is a block of its request's chain: the same id the engine uses
-    _, _, distinct, ids = source._block_ids()
-    keys = source._salted(ids[np.searchsorted(distinct, hashes)], salt)
-    return FutureUses(keys, np.repeat(source.arrival_s, np.diff(offsets)))
+    # a request's full prompt blocks lead its chain (a block's hash covers only the tokens
+    # up to its end), so their keys are the chain's first ones
+    offsets, ids = source._block_ids()
+    tokens = np.concatenate(([0], np.cumsum(source.seg_tokens, dtype=np.int64)))
+    counts = (tokens[source.seg_offsets[1:]] - tokens[source.seg_offsets[:-1]]) // block_size
+    row = np.repeat(np.arange(source.n), np.diff(offsets))
+    first = (np.arange(ids.size) - offsets[row]) < counts[row]
+    keys = source._salted(ids[first], salt)
+    return FutureUses(keys, np.repeat(source.arrival_s, counts))
 
 
 def simulate(
