@@ -382,30 +382,22 @@ class Replica:
             if n > budget:
                 n = budget
             gate = req.gate
+            if gate is not None and gate.stop >= 0:  # bidirectional: only the front, for now
+                n = min(gate.stop - computed, budget)
+                if n <= 0:
+                    i += 1
+                    continue
             table = req.table
-            if gate is None and not table.compacted:
-                if computed + n <= table.held_blocks * bs:  # the usual decode step: its last
-                    batch.append((req, n))  # block has room (no call needed)
-                    budget -= n
-                    i += 1
-                    continue
+            if table.compacted:
+                t = computed + n
+                need = req.comp.kept_blocks(t, t - req.input_tokens) - table.held_blocks
+            else:  # inline ceil: this runs once per running request per iteration
                 need = -(-(computed + n) // bs) - table.held_blocks
-            else:
-                if gate is not None and gate.stop >= 0:  # bidirectional: only the front, for now
-                    n = min(gate.stop - computed, budget)
-                    if n <= 0:
-                        i += 1
-                        continue
-                if table.compacted:
-                    t = computed + n
-                    need = req.comp.kept_blocks(t, t - req.input_tokens) - table.held_blocks
-                else:
-                    need = -(-(computed + n) // bs) - table.held_blocks
-                if need <= 0:
-                    batch.append((req, n))
-                    budget -= n
-                    i += 1
-                    continue
+            if need <= 0:  # the usual decode step: its last block has room (no call needed)
+                batch.append((req, n))
+                budget -= n
+                i += 1
+                continue
             while not kv.allocate_slots(req, need):
                 victim = running.pop()
                 self._preempt(victim)

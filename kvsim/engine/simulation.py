@@ -199,7 +199,6 @@ class _TraceRequests:
         i = req.index
         table = req.table
         lo, hi = self.seg_offsets[i], self.seg_offsets[i + 1]
-        out_hash, out_tokens = int(self.output_hash[i]), int(self.output_tokens[i])
         block_offsets, ids = self._block_ids()
         chain = ids[block_offsets[i] : block_offsets[i + 1]]
         comp = req.comp
@@ -217,10 +216,25 @@ class _TraceRequests:
             ] or None
         if with_kinds:
             kinds, tokens = self.seg_kinds[lo:hi], self.seg_tokens[lo:hi]
-            if out_hash:
+            if self.output_hash[i]:
                 kinds = np.append(kinds, np.uint8(KIND_CODES["assistant"]))
-                tokens = np.append(tokens, out_tokens)
+                tokens = np.append(tokens, int(self.output_tokens[i]))
             table.kinds = block_kinds(kinds, tokens, self.block_size)
+
+    def future_uses(self, salt: int = 0) -> FutureUses:
+        """For an offline oracle (Belady): when is a block next part of an arriving prompt?
+
+        Uses each request's nominal `arrival_s`; closed-loop turns arrive when the simulation
+        says, so for them this is the trace's estimate, the best an oracle given the trace can
+        know. `salt`: the run's compression (under auto, chosen per request, the oracle sees
+        none). A request's full prompt blocks lead its chain (a block's hash covers only the
+        tokens up to its end), so their keys are the chain's first ones."""
+        offsets, ids = self._block_ids()
+        tokens = np.concatenate(([0], np.cumsum(self.seg_tokens, dtype=np.int64)))
+        counts = (tokens[self.seg_offsets[1:]] - tokens[self.seg_offsets[:-1]]) // self.block_size
+        row = np.repeat(np.arange(self.n), np.diff(offsets))
+        first = (np.arange(ids.size) - offsets[row]) < counts[row]
+        return FutureUses(self._salted(ids[first], salt), np.repeat(self.arrival_s, counts))
 
     def next_turns(self) -> dict[int, int]:
         """Index of each closed-loop request keyed by the index of the turn it follows."""
@@ -236,23 +250,6 @@ class _TraceRequests:
             else:
                 follows[prev] = int(i)
         return follows
-
-
-def future_uses(source: _TraceRequests, block_size: int, salt: int = 0) -> FutureUses:
-    """For an offline oracle (Belady): when is a block next part of an arriving prompt?
-
-    Uses each request's nominal `arrival_s`; closed-loop turns arrive when the simulation says,
-    so for them this is the trace's estimate, the best an oracle given the trace can know.
-    `salt`: the run's compression (under auto, chosen per request, the oracle sees none)."""
-    # a request's full prompt blocks lead its chain (a block's hash covers only the tokens
-    # up to its end), so their keys are the chain's first ones
-    offsets, ids = source._block_ids()
-    tokens = np.concatenate(([0], np.cumsum(source.seg_tokens, dtype=np.int64)))
-    counts = (tokens[source.seg_offsets[1:]] - tokens[source.seg_offsets[:-1]]) // block_size
-    row = np.repeat(np.arange(source.n), np.diff(offsets))
-    first = (np.arange(ids.size) - offsets[row]) < counts[row]
-    keys = source._salted(ids[first], salt)
-    return FutureUses(keys, np.repeat(source.arrival_s, counts))
 
 
 def simulate(
@@ -380,7 +377,7 @@ def simulate(
         if future is None and (
             policy.needs_future or any(t.policy.needs_future for t in hierarchy.tiers)
         ):
-            future = future_uses(source, config.block_size, run_comp.salt if run_comp else 0)
+            future = source.future_uses(run_comp.salt if run_comp else 0)
         describes = pool.describes
 
         def load_chain(req: Request, describes: bool = describes) -> None:

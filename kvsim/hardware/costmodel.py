@@ -249,15 +249,16 @@ class RooflineCostModel(ChunkedPrefill):
         numpy adds it pairwise, as `_decode_work` does, so the bits are the same)."""
         n = len(contexts)
         total = sum(contexts) if isinstance(contexts, list) else None
-        if not isinstance(total, int):
+        array = None
+        if not isinstance(total, int) or self.windowed:
             array = np.asarray(contexts, dtype=np.float64)
-            total = array.sum()
+            if not isinstance(total, int):
+                total = array.sum()
         flops = 0.0
         nbytes = 0.0
         for g in self.groups:
             if g.window:
-                keys = np.minimum(np.asarray(contexts, dtype=np.float64), g.window).sum()
-                attended = float(keys) + n
+                attended = float(np.minimum(array, g.window).sum()) + n
             else:
                 attended = float(total) + n
             flops += attended * g.flops_per_pair

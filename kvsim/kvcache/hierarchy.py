@@ -212,7 +212,7 @@ class Hierarchy:
         `tokens[i]` is the prompt tokens block i serves (for the per-tier hit ratio)."""
         groups: dict[int, list[int]] = {}
         served: dict[int, int] = {}
-        if len(set(tiers)) == 1:  # the usual case: one tier, grouped without a Python loop
+        if tiers.count(tiers[0]) == len(tiers):  # the usual case: one tier, no Python loop
             groups[tiers[0]] = list(keys)
             served[tiers[0]] = sum(tokens)
         else:

@@ -1,7 +1,8 @@
 """The eviction-policy interface every policy implements.
 
 A policy only *orders* the evictable blocks of one cache tier; the tier owns capacity, pinning and
-counters (STYLE habit 2). Keys are 64-bit block hashes. The tier calls:
+counters (STYLE habit 2). Keys are block keys: ints naming a block's whole prefix (the engine's
+dense block ids, `kvsim mrc`'s 64-bit block hashes). The tier calls:
 
 - ``add(key, info)``    the block became evictable (released by its last user, or stored unpinned);
 - ``access(key, info)`` the block was hit (it may be pinned or evictable at that moment);
