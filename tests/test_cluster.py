@@ -145,8 +145,8 @@ def test_cluster_invariants(case):
             submitted[request.index] = submitted.get(request.index, 0) + 1
         claim(self, request)
 
-    def checked_complete(self, batch):
-        complete(self, batch)
+    def checked_complete(self, decoders, batch):
+        complete(self, decoders, batch)
         self.pool.check()
         assert 0 <= self.pool.used <= self.pool.num_blocks  # no replica over its HBM
         if self.hierarchy is not None:

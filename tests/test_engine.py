@@ -173,8 +173,8 @@ def test_invariants_under_random_workloads(case):
         assert uncached + len(pinned) == replica.pool.used <= replica.pool.num_blocks
         checks.append(uncached)
 
-    def checked_complete(self, batch):
-        complete(self, batch)
+    def checked_complete(self, decoders, batch):
+        complete(self, decoders, batch)
         check(self)
 
     def checked_advance(self, batch, steps, first_step_end_s):

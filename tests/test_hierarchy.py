@@ -212,8 +212,8 @@ def test_hierarchy_invariants(case):
     reqs, engine = case
     complete = replica_module.Replica._complete
 
-    def checked(self, batch):
-        complete(self, batch)
+    def checked(self, decoders, batch):
+        complete(self, decoders, batch)
         hierarchy = self.hierarchy
         if hierarchy is None:
             return

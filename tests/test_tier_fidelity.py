@@ -376,8 +376,8 @@ def test_overlapped_loads_keep_every_invariant(case, overlap):
     reqs, engine = case
     complete = replica_module.Replica._complete
 
-    def checked(self, batch):
-        complete(self, batch)
+    def checked(self, decoders, batch):
+        complete(self, decoders, batch)
         if self.hierarchy is not None:
             self.hierarchy.check()
         assert self.gated == sum(1 for r in self.running if r.gate is not None)

@@ -283,9 +283,11 @@ class EngineCompression:
             return contexts
         packed = contexts * (self._generated_bytes / self.base_token_bytes)
         if self.residual:
-            packed += np.minimum(contexts, self.residual) * (
-                self._residual_gap / self.base_token_bytes
-            )
+            gap = self._residual_gap / self.base_token_bytes
+            if contexts.size and contexts.min() >= self.residual:  # usual: every residual full
+                packed += self.residual * gap
+            else:
+                packed += np.minimum(contexts, self.residual) * gap
         return packed
 
     def decode_extra_s(self, context: int, generated: int = 0) -> float:

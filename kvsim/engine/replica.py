@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from itertools import chain, repeat
 from operator import attrgetter, eq, sub
 
 import numpy as np
@@ -191,8 +192,8 @@ class Replica:
                 if steps >= 2:
                     yield from self._decode_run(steps, need)
                     continue
-            batch = self._schedule()
-            if not batch:
+            decoders, batch = self._schedule()
+            if not decoders and not batch:
                 # nothing fits even an empty replica: impossible requests were rejected upstream,
                 # so this only happens when waiting requests wait for running ones; wait for work
                 self._wake = env.event()
@@ -200,7 +201,7 @@ class Replica:
                 self._wake = None
                 continue
             prefill = []
-            decode = []
+            decode = list(map(_computed, decoders))
             rotated = 0
             for req, n in batch:
                 if n == 1:
@@ -218,12 +219,12 @@ class Replica:
                 contexts = np.asarray(decode, dtype=np.float64)
                 duration = self.cost.iteration_time_s(prefill, linear.equivalent_array(contexts))
                 duration += (
-                    linear.read_s * float(contexts.sum())
+                    linear.read_s * float(sum(decode))  # ints: exact in any order
                     + linear.new_token_s * len(decode)
                     + linear.prefill_token_s * sum(n for n, _ in prefill)
                 )
             elif self.compressed:
-                duration, fetch = self._compressed_iteration_s(batch, prefill)
+                duration, fetch = self._compressed_iteration_s(decoders, batch, prefill)
             else:
                 duration = self.cost.iteration_time_s(prefill, decode)
             duration += rotated * kv.rerotate_s_per_token
@@ -237,11 +238,14 @@ class Replica:
                 yield env.timeout(duration)
             self.busy_s += duration
             self.iterations += 1
-            self._complete(batch)
+            self._complete(decoders, batch)
 
     # -- compression (kvsim.engine.compress) ------------------------------------------------------
     def _compressed_iteration_s(
-        self, batch: list[tuple[Request, int]], prefill: list[tuple[int, int]]
+        self,
+        decoders: list[Request],
+        batch: list[tuple[Request, int]],
+        prefill: list[tuple[int, int]],
     ) -> tuple[float, float]:
         """(seconds, bytes to fetch from CPU DRAM) of an iteration whose requests carry a
         compression: decode attention reads what each keeps (in uncompressed-token
@@ -250,7 +254,7 @@ class Replica:
         extra = 0.0
         fetch = 0.0
         written = 0.0
-        for req, n in batch:
+        for req, n in chain(zip(decoders, repeat(1)), batch):
             comp = req.comp
             if n != 1:  # a prefill chunk: scored, quantised, written to DRAM as it is computed
                 if comp is not None:
@@ -366,7 +370,10 @@ class Replica:
         prompt = self._blocks_for(req.known)
         return held + max(0, self._blocks_for(req.input_tokens + req.output_tokens) - prompt)
 
-    def _schedule(self) -> list[tuple[Request, int]]:
+    def _schedule(self) -> tuple[list[Request], list[tuple[Request, int]]]:
+        """This iteration's requests, in running order then admitted: (the leading running
+        requests that decode a token of a started output, most of a batch, which `_complete`
+        applies without the general case's checks; (request, tokens) for the rest)."""
         budget = self.config.max_num_batched_tokens
         kv = self.kv
         batch: list[tuple[Request, int]] = []
@@ -375,6 +382,20 @@ class Replica:
         bs = self.block_size
         i = 0
         kv.hold_writes()  # released before admission, which looks blocks up below HBM
+        if not self.compacting:  # a compacting profile's decode may shrink its blocks
+            # generated > 0: its first token is out (and, under P/D, it decodes here)
+            limit = min(len(running), budget)
+            while i < limit:
+                req = running[i]
+                c = req.computed
+                if req.known - c != 1 or req.gate is not None or not req.generated:
+                    break
+                need = -(-(c + 1) // bs) - req.table.held_blocks
+                if need > 0 and not kv.allocate_slots(req, need):
+                    break  # out of blocks: the loop below preempts
+                i += 1
+            budget -= i
+        decoders = running[:i]
         while i < len(running) and budget > 0:
             req = running[i]
             computed = req.computed
@@ -413,7 +434,7 @@ class Replica:
         kv.release_writes()
         if not preempted:
             self._admit(batch, budget)
-        return batch
+        return decoders, batch
 
     def _admit(self, batch: list[tuple[Request, int]], budget: int) -> None:
         waiting = self.waiting
@@ -421,6 +442,7 @@ class Replica:
         kv = self.kv
         pool = kv.pool
         max_seqs = self.config.max_num_seqs
+        whole = self.config.max_num_batched_tokens  # budget left whole: nothing scheduled yet
         bs = self.block_size
         now = self.env.now
         while waiting and budget > 0 and len(running) + len(self.loading) < max_seqs:
@@ -434,7 +456,7 @@ class Replica:
             hit, evictable, load, n, need = plan
             if need + evictable + self._reservation(req, need) > pool.available:
                 break
-            if batch and self._waits_to_fit_whole(req.known - hit * bs, n):
+            if budget < whole and self._waits_to_fit_whole(req.known - hit * bs, n):
                 break
             first_layer_s = -1.0
             if load and self.overlap == "layerwise":  # estimated on the links before it starts
@@ -572,13 +594,23 @@ class Replica:
         self.waiting.appendleft(req)
 
     # -- completing an iteration -------------------------------------------------------------------
-    def _complete(self, batch: list[tuple[Request, int]]) -> None:
+    def _complete(self, decoders: list[Request], batch: list[tuple[Request, int]]) -> None:
+        """Apply an iteration `_schedule` chose, in its order."""
         now = self.env.now
         kv = self.kv
         bs = self.block_size
         compacting = self.compacting
         finished = False
         handed: list[Request] = []
+        for req in decoders:  # the general case below, for a decode step of a started output
+            computed = req.computed = req.computed + 1
+            if computed // bs > req.table.processed_blocks:  # a block filled up
+                kv.commit(req, now)
+            req.known = computed + 1
+            generated = req.generated = req.generated + 1
+            if generated >= req.output_tokens:
+                self._finish(req, now)
+                finished = True
         for req, n in batch:
             computed = req.computed = req.computed + n
             if computed // bs > req.table.processed_blocks:  # a block filled up
