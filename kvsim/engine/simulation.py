@@ -172,8 +172,8 @@ class _TraceRequests:
                 self.output_tokens,
                 self.block_size,
             )
-            ids, distinct, _ = first_seen_ids(blocks)
-            self._id_span = distinct.size + 1
+            ids = first_seen_ids(blocks)
+            self._id_span = int(ids.max(initial=0)) + 1
             narrow = np.int32 if self._id_span < np.iinfo(np.int32).max else np.int64
             self._ids = (block_offsets, ids.astype(narrow))
         return self._ids

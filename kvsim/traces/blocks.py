@@ -19,6 +19,7 @@ segments is sequential (a short Python loop on ints); the per-block work is vect
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 __all__ = [
     "CHAIN_SEED",
@@ -224,28 +225,16 @@ def batch_sequence_block_hashes(
     return batch_block_hashes(rows, hashes, tokens, block_size)
 
 
-def first_seen_ids(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def first_seen_ids(hashes: np.ndarray) -> np.ndarray:
     """Dense ids 1, 2, ... for `hashes`, numbered by first appearance (equal hashes share one
-    id): (the id of each hash, the distinct hashes sorted, the id of each of those).
+    id; the largest id is the number of distinct hashes).
 
     The engine keys its block tables by these instead of the 64-bit hashes. A dict's slot is its
     key's low bits, so a prompt's new blocks, first seen together, get consecutive ids and land in
     neighbouring slots: a chain's lookups touch a few cache lines instead of one per block, which
     at the table sizes of a large run is most of a block operation's cost
-    (benchmarks/dict_lookup_latency.py). 0 is never an id (it names "no parent")."""
-    if not hashes.size:
-        empty = np.zeros(0, np.int64)
-        return empty, np.zeros(0, np.uint64), empty
-    order = np.argsort(hashes, kind="stable")
-    ordered = hashes[order]
-    starts = np.empty(ordered.size, dtype=bool)
-    starts[0] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
-    run = np.cumsum(starts) - 1  # which distinct value each sorted position holds
-    first = order[starts]  # where each distinct value first appears (the sort is stable)
-    is_first = np.zeros(hashes.size, dtype=bool)
-    is_first[first] = True
-    rank = np.cumsum(is_first)[first]  # first appearances before and at each: its id
-    ids = np.empty(hashes.size, dtype=np.int64)
-    ids[order] = rank[run]
-    return ids, ordered[starts], rank
+    (benchmarks/dict_lookup_latency.py). 0 is never an id (it names "no parent"). pandas'
+    factorize numbers values in order of appearance with a hash table: O(n), twice as fast as a
+    stable sort on the 9 M blocks of the whole Mooncake conversation trace."""
+    codes, _ = pd.factorize(hashes)
+    return codes + 1

@@ -44,7 +44,7 @@ def reused_blocks(
     )
     inputs = table.column("input_tokens").to_numpy().astype(np.int64)
     cap = inputs // block_size if cap_blocks is None else cap_blocks
-    return reused_from_ids(offsets, first_seen_ids(hashes)[0], cap)
+    return reused_from_ids(offsets, first_seen_ids(hashes), cap)
 
 
 def reused_from_ids(offsets: np.ndarray, ids: np.ndarray, cap_blocks: np.ndarray) -> np.ndarray:
