@@ -152,6 +152,11 @@ def test_cluster_invariants(case):
         if self.hierarchy is not None:
             self.hierarchy.check()  # capacity and conservation, shared tiers included
         checks.append(1)
+        # blocks hold computed tokens (the scheduler's decode fast path relies on it)
+        assert all(
+            r.table.compacted or r.table.held_blocks * self.block_size >= r.computed
+            for r in self.running
+        )
 
     replica_module.Replica._claim = counting_claim
     replica_module.Replica._complete = checked_complete

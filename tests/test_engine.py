@@ -171,6 +171,12 @@ def test_invariants_under_random_workloads(case):
         pinned = {r.hashes[p] for r in replica.running for p in r.held_cached}
         # every block is accounted for exactly once, and HBM is never over capacity
         assert uncached + len(pinned) == replica.pool.used <= replica.pool.num_blocks
+        # a request's blocks hold its computed tokens (the scheduler's decode fast path reads
+        # its table only when the last block is full)
+        assert all(
+            r.table.compacted or r.held_blocks * replica.block_size >= r.computed
+            for r in replica.running
+        )
         checks.append(uncached)
 
     def checked_complete(self, decoders, batch):

@@ -381,6 +381,11 @@ def test_overlapped_loads_keep_every_invariant(case, overlap):
         if self.hierarchy is not None:
             self.hierarchy.check()
         assert self.gated == sum(1 for r in self.running if r.gate is not None)
+        # blocks hold computed tokens (the scheduler's decode fast path relies on it)
+        assert all(
+            r.table.compacted or r.table.held_blocks * self.block_size >= r.computed
+            for r in self.running
+        )
 
     replica_module.Replica._complete = checked
     try:

@@ -383,16 +383,19 @@ class Replica:
         i = 0
         kv.hold_writes()  # released before admission, which looks blocks up below HBM
         if not self.compacting:  # a compacting profile's decode may shrink its blocks
-            # generated > 0: its first token is out (and, under P/D, it decodes here)
+            # generated > 0: its first token is out (and, under P/D, it decodes here). Its
+            # blocks hold its computed tokens, so it needs one only once its last is full (the
+            # table, another object to fetch from memory, is read 1 step in block_size)
             limit = min(len(running), budget)
             while i < limit:
                 req = running[i]
                 c = req.computed
                 if req.known - c != 1 or req.gate is not None or not req.generated:
                     break
-                need = -(-(c + 1) // bs) - req.table.held_blocks
-                if need > 0 and not kv.allocate_slots(req, need):
-                    break  # out of blocks: the loop below preempts
+                if not c % bs:
+                    need = c // bs + 1 - req.table.held_blocks
+                    if need > 0 and not kv.allocate_slots(req, need):
+                        break  # out of blocks: the loop below preempts
                 i += 1
             budget -= i
         decoders = running[:i]
@@ -604,7 +607,8 @@ class Replica:
         handed: list[Request] = []
         for req in decoders:  # the general case below, for a decode step of a started output
             computed = req.computed = req.computed + 1
-            if computed // bs > req.table.processed_blocks:  # a block filled up
+            # a block filled up (past its chain a commit only moves the mark: it can wait)
+            if not computed % bs and computed // bs > req.table.processed_blocks:
                 kv.commit(req, now)
             req.known = computed + 1
             generated = req.generated = req.generated + 1
