@@ -283,12 +283,25 @@ class EngineCompression:
             return contexts
         packed = contexts * (self._generated_bytes / self.base_token_bytes)
         if self.residual:
-            gap = self._residual_gap / self.base_token_bytes
-            if contexts.size and contexts.min() >= self.residual:  # usual: every residual full
-                packed += self.residual * gap
-            else:
-                packed += np.minimum(contexts, self.residual) * gap
+            packed += np.minimum(contexts, self.residual) * (
+                self._residual_gap / self.base_token_bytes
+            )
         return packed
+
+    def equivalent_sum(self, contexts: list[int], ahead: int = 0) -> float:
+        """Summed `equivalent_tokens` of `contexts`, each `ahead` tokens on, for a profile whose
+        reads are linear in the context (quant): from the exact integer sums of the contexts
+        and of their full-width residuals, without a pass per sequence."""
+        n = len(contexts)
+        tokens = sum(contexts) + n * ahead
+        residual = self.residual
+        if not residual or not n:
+            full = 0
+        elif min(contexts) + ahead >= residual:  # the usual case: every residual is full
+            full = n * residual
+        else:
+            full = sum(min(c + ahead, residual) for c in contexts)
+        return (tokens * self._generated_bytes + full * self._residual_gap) / self.base_token_bytes
 
     def decode_extra_s(self, context: int, generated: int = 0) -> float:
         """The profile's own work in one decode step of one sequence."""

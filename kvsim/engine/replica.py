@@ -216,13 +216,7 @@ class Replica:
             fetch = 0.0
             linear = self.linear
             if linear is not None:
-                contexts = np.asarray(decode, dtype=np.float64)
-                duration = self.cost.iteration_time_s(prefill, linear.equivalent_array(contexts))
-                duration += (
-                    linear.read_s * float(sum(decode))  # ints: exact in any order
-                    + linear.new_token_s * len(decode)
-                    + linear.prefill_token_s * sum(n for n, _ in prefill)
-                )
+                duration = self._linear_iteration_s(linear, prefill, decode)
             elif self.compressed:
                 duration, fetch = self._compressed_iteration_s(decoders, batch, prefill)
             else:
@@ -275,6 +269,24 @@ class Replica:
             self.host_link.transfer(int(written), write=True)
         return self.cost.iteration_time_s(prefill, decode) + extra, fetch
 
+    def _linear_iteration_s(
+        self, linear: EngineCompression, prefill: list[tuple[int, int]], decode: list[int]
+    ) -> float:
+        """An iteration under a profile whose reads are linear in the context (quant): the
+        batch's equivalent reads summed exactly (a model with windows takes them per
+        sequence), plus its dequantising and quantising."""
+        cost = self.cost
+        if cost.windowed:
+            equivalent = linear.equivalent_array(np.asarray(decode, dtype=np.float64))
+            seconds = cost.iteration_time_s(prefill, equivalent)
+        else:
+            seconds = cost.iteration_time_s(prefill, decode, linear.equivalent_sum(decode))
+        return seconds + (
+            linear.read_s * sum(decode)
+            + linear.new_token_s * len(decode)
+            + linear.prefill_token_s * sum(n for n, _ in prefill)
+        )
+
     def _fetching(self, compute_s: float, fetch_bytes: float):
         """InfiniGen: layer l's KV is fetched while layer l-1 computes (arXiv 2406.19707, S5),
         so an iteration takes max(compute, fetch); the fetch shares the host link with tier
@@ -286,18 +298,17 @@ class Replica:
             yield done
 
     def _linear_run_ends(
-        self, linear: EngineCompression, contexts: np.ndarray, steps: int
+        self, linear: EngineCompression, contexts: list[int], steps: int
     ) -> np.ndarray:
         """`decode_run_ends_s` under a profile whose reads are linear in the context (quant):
         each step adds one packed token per sequence, and its dequantising and quantising."""
-        eq0 = linear.equivalent_array(contexts)
         last = steps - 1
-        growth = (
-            float((linear.equivalent_array(contexts + last) - eq0).sum()) / last if last else 0.0
-        )
-        ends = self.cost.decode_run_ends_s(eq0, steps, growth)
+        start = linear.equivalent_sum(contexts)
+        growth = (linear.equivalent_sum(contexts, last) - start) / last if last else 0.0
+        array = np.asarray(contexts, dtype=np.float64)
+        ends = self.cost.decode_run_ends_s(array, steps, growth, start)
         n = len(contexts)
-        work = linear.read_s * (float(contexts.sum()) + n * np.arange(steps, dtype=np.float64))
+        work = linear.read_s * (sum(contexts) + n * np.arange(steps, dtype=np.float64))
         return ends + np.cumsum(work + linear.new_token_s * n)
 
     def _fetch_bound(self, ends: np.ndarray, fetch_bytes: float) -> np.ndarray:
@@ -776,8 +787,7 @@ class Replica:
         running = list(self.running)  # the batch of this run; a load may append to the list
         linear = self.linear
         if linear is not None:
-            contexts = np.fromiter(map(_computed, running), dtype=np.float64, count=len(running))
-            ends = self._linear_run_ends(linear, contexts, steps)
+            ends = self._linear_run_ends(linear, list(map(_computed, running)), steps)
         elif self.compressed:
             ends, fetch = self._compressed_run_ends(running, steps)
             if fetch:

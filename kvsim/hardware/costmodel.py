@@ -243,16 +243,22 @@ class RooflineCostModel(ChunkedPrefill):
             nbytes += attended * g.kv_bytes_per_token + n * g.state_bytes_per_seq
         return flops, nbytes
 
-    def _decode_step_work(self, contexts: list[int] | np.ndarray) -> tuple[float, float]:
+    def _decode_step_work(
+        self, contexts: list[int] | np.ndarray, total: float | None = None
+    ) -> tuple[float, float]:
         """`_decode_work` of one step, in Python floats: a group without a window needs only
-        the summed context, which for a list of ints is exact however it is added (otherwise
-        numpy adds it pairwise, as `_decode_work` does, so the bits are the same)."""
+        the summed context (`total` when the caller has it), which for a list of ints is exact
+        however it is added (otherwise numpy adds it pairwise, as `_decode_work` does, so the
+        bits are the same)."""
         n = len(contexts)
-        total = sum(contexts) if isinstance(contexts, list) else None
+        if total is None and isinstance(contexts, list):
+            exact = sum(contexts)
+            if isinstance(exact, int):  # floats are added pairwise below, as numpy does
+                total = exact
         array = None
-        if not isinstance(total, int) or self.windowed:
+        if total is None or self.windowed:
             array = np.asarray(contexts, dtype=np.float64)
-            if not isinstance(total, int):
+            if total is None:
                 total = array.sum()
         flops = 0.0
         nbytes = 0.0
@@ -272,10 +278,15 @@ class RooflineCostModel(ChunkedPrefill):
 
     # -- the engine's calls -------------------------------------------------------------------
     def iteration_time_s(
-        self, prefill: list[tuple[int, int]], decode_contexts: list[int] | np.ndarray
+        self,
+        prefill: list[tuple[int, int]],
+        decode_contexts: list[int] | np.ndarray,
+        decode_total: float | None = None,
     ) -> float:
         """Seconds for one iteration: `prefill` is (new tokens, cached context before them) per
-        chunk; `decode_contexts` the context (tokens already in KV) of each decoding sequence."""
+        chunk; `decode_contexts` the context (tokens already in KV) of each decoding sequence.
+        `decode_total`: what they read, summed, when that is not their sum (a compression's
+        equivalent tokens, kvsim.engine.compress); only for a model without windows."""
         tokens = sum(n for n, _ in prefill) + len(decode_contexts)
         if tokens == 0:
             return self.overhead_s
@@ -286,7 +297,7 @@ class RooflineCostModel(ChunkedPrefill):
             flops += f
             nbytes += b
         if len(decode_contexts):
-            f, b = self._decode_step_work(decode_contexts)
+            f, b = self._decode_step_work(decode_contexts, decode_total)
             flops += f
             nbytes += b
         sequences = len(prefill) + len(decode_contexts)
@@ -294,16 +305,21 @@ class RooflineCostModel(ChunkedPrefill):
         return float(t) + self.overhead_s
 
     def decode_run_ends_s(
-        self, contexts: np.ndarray, steps: int, growth: float | None = None
+        self,
+        contexts: np.ndarray,
+        steps: int,
+        growth: float | None = None,
+        total: float | None = None,
     ) -> np.ndarray:
         """Cumulative end times of `steps` consecutive decode iterations of an unchanged batch
         whose sequences start at `contexts`; each step adds one token to every context, or,
         given `growth`, that many tokens to the batch's summed context (a KV compression's
-        attention reads: kvsim.engine.compress)."""
+        attention reads: kvsim.engine.compress), which starts at `total` if given."""
         n = len(contexts)
         offsets = np.arange(steps, dtype=np.float64)
         if growth is not None:
-            attended = float(contexts.sum()) + growth * offsets + n
+            start = float(contexts.sum()) if total is None else total
+            attended = start + growth * offsets + n
             flops = attended * self.flops_per_pair
             nbytes = attended * self.kv_bytes_per_token + n * self.state_bytes_per_seq
         elif self.windowed:

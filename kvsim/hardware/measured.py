@@ -734,7 +734,10 @@ class MeasuredCostModel(ChunkedPrefill):
 
     # -- the RooflineCostModel interface ------------------------------------------------------
     def iteration_time_s(
-        self, prefill: list[tuple[int, int]], decode_contexts: list[int] | np.ndarray
+        self,
+        prefill: list[tuple[int, int]],
+        decode_contexts: list[int] | np.ndarray,
+        decode_total: float | None = None,
     ) -> float:
         """Seconds for one iteration; arguments as in ``RooflineCostModel.iteration_time_s``."""
         n_decode = len(decode_contexts)
@@ -744,34 +747,43 @@ class MeasuredCostModel(ChunkedPrefill):
         total = float(self.linear_time_s(tokens, len(prefill) + n_decode))
         for new, context in prefill:
             total += self.prefill_attention_s(new, context)
-        if n_decode:
+        if n_decode and decode_total is not None:
+            total += float(self._mean_decode_s(n_decode, np.array([decode_total / n_decode]))[0])
+        elif n_decode:
             contexts = np.asarray(decode_contexts, dtype=np.float64)[None, :]
             total += float(self.decode_attention_s(contexts)[0])
         return total + self.overhead_s
 
+    def _mean_decode_s(self, n: int, mean: np.ndarray) -> np.ndarray:
+        """Decode attention of `n` sequences of each `mean` context, over every attention
+        layer, for a model without windows."""
+        attn = np.zeros(len(mean))
+        for layers, _, _, fpp, _ in self.att.groups:
+            scale = fpp / self.att.decode_fpp if self.att.decode_fpp else 1.0
+            attn += layers * scale * self.decode(float(n), np.maximum(mean, 1.0))
+        return attn
+
     def decode_run_ends_s(
-        self, contexts: np.ndarray, steps: int, growth: float | None = None
+        self,
+        contexts: np.ndarray,
+        steps: int,
+        growth: float | None = None,
+        total: float | None = None,
     ) -> np.ndarray:
         """Cumulative ends of ``steps`` decode iterations of an unchanged batch (``growth``:
-        tokens the summed context gains per step, as in ``RooflineCostModel``)."""
+        tokens the summed context gains per step, from ``total``, as in
+        ``RooflineCostModel``)."""
         n = len(contexts)
         fixed = float(self.linear_time_s(n, n)) + self.overhead_s
         offsets = np.arange(steps, dtype=np.float64)
         if growth is not None:
-            mean = float(np.mean(contexts)) + growth / max(n, 1) * offsets
-            attn = np.zeros(steps)
-            for layers, _, _, fpp, _ in self.att.groups:
-                scale = fpp / self.att.decode_fpp if self.att.decode_fpp else 1.0
-                attn += layers * scale * self.decode(float(n), np.maximum(mean, 1.0))
+            start = float(np.mean(contexts)) if total is None else total / max(n, 1)
+            attn = self._mean_decode_s(n, start + growth / max(n, 1) * offsets)
         elif self.windowed:
             work = contexts[None, :].astype(np.float64) + offsets[:, None]
             attn = self.decode_attention_s(work)
         else:
-            mean = float(np.mean(contexts)) + offsets
-            attn = np.zeros(steps)
-            for layers, _, _, fpp, _ in self.att.groups:
-                scale = fpp / self.att.decode_fpp if self.att.decode_fpp else 1.0
-                attn += layers * scale * self.decode(float(n), np.maximum(mean, 1.0))
+            attn = self._mean_decode_s(n, float(np.mean(contexts)) + offsets)
         return np.cumsum(fixed + attn)
 
     def block_recompute_s(self, block_size: int) -> tuple[float, float]:
