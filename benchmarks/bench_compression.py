@@ -3,6 +3,7 @@
     python benchmarks/bench_compression.py                      # none vs quant:k=4,v=4, best of 2
     python benchmarks/bench_compression.py --profiles "none;h2o;streaming" --repeats 1
     python benchmarks/bench_compression.py --same-schedule  # HBM only, equal block counts
+    python benchmarks/bench_compression.py --side-by-side   # each round's profiles at once
 
 Each run is `kvsim.run.run` on the whole trace (all 12,031 requests: ``max_requests`` set past
 its length), the trace loaded once and reused; ``--repeats`` rounds each run every profile once,
@@ -12,17 +13,31 @@ simulated time, iterations, KV blocks, GB and blocks loaded from lower tiers, th
 operations and evictions, and TTFT/TPOT p50 per profile (the block counts are the engine's work:
 benchmarks/dict_lookup_latency.py measures what each costs as the tables grow).
 ``--same-schedule`` gives every profile HBM only and the uncompressed run's block count, so the
-schedules match and the difference is the compression machinery's own cost. Asserts nothing:
+schedules match and the difference is the compression machinery's own cost. ``--side-by-side``
+runs each round's profiles at the same time, one process each (forked: the trace is loaded
+once), so on a shared machine whose speed drifts over minutes both see the same spell; give it
+no more profiles than cores. Asserts nothing:
 the figures go in docs/compression.md ("Does compression slow the engine?").
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import time
 
 WHOLE = 1_000_000  # more requests than the trace has: replay all of them
+_FORKED: dict = {}  # the trace and configurations, inherited by --side-by-side's processes
+
+
+def _timed(text: str) -> tuple[str, float, float, dict]:
+    """(profile, wall s, CPU s, summary) of one run of a profile set up in `_FORKED`."""
+    from kvsim.run import run
+
+    start, cpu = time.perf_counter(), time.process_time()
+    summary = run(_FORKED["configs"][text], trace=_FORKED["trace"]).summary
+    return text, time.perf_counter() - start, time.process_time() - cpu, summary
 
 
 def main() -> None:
@@ -32,13 +47,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-requests", type=int, default=WHOLE)
     parser.add_argument("--same-schedule", action="store_true")
+    parser.add_argument("--side-by-side", action="store_true")
     args = parser.parse_args()
 
     from kvsim.engine.config import EngineConfig
     from kvsim.engine.simulation import kv_blocks_for
     from kvsim.hardware import load_profile
     from kvsim.models import load_model
-    from kvsim.run import RunConfig, run, trace_options
+    from kvsim.run import RunConfig, trace_options
     from kvsim.traces import load_trace
 
     base = RunConfig(trace=args.trace, max_requests=args.max_requests)
@@ -60,12 +76,18 @@ def main() -> None:
     walls: dict[str, list[float]] = {text: [] for text in texts}
     cpus: dict[str, list[float]] = {text: [] for text in texts}
     summaries: dict[str, dict] = {}
+    _FORKED.update(trace=trace, configs=configs)
     for _ in range(args.repeats):  # rounds alternate the profiles: a slow spell hits them alike
-        for text, config in configs.items():
-            start, cpu = time.perf_counter(), time.process_time()
-            summaries[text] = run(config, trace=trace).summary
-            walls[text].append(time.perf_counter() - start)
-            cpus[text].append(time.process_time() - cpu)
+        if args.side_by_side:  # a fresh process per run, all of a round's at once
+            fork = multiprocessing.get_context("fork")
+            with fork.Pool(len(texts), maxtasksperchild=1) as pool:
+                timed = pool.map(_timed, texts, chunksize=1)
+        else:
+            timed = [_timed(text) for text in texts]
+        for text, wall, cpu, summary in timed:
+            summaries[text] = summary
+            walls[text].append(wall)
+            cpus[text].append(cpu)
     for text in texts:
         summary = summaries[text]
         loaded = sum(t["bytes_read"] for t in summary["tiers"].values()) / 1e9
