@@ -267,8 +267,10 @@ class Hierarchy:
         info.now_s = self.env.now
         pinned = tier.pinned
         counts = list(map(pinned.__getitem__, keys))
-        if counts.count(1) == len(counts) and len(set(keys)) == len(keys):
-            consume(map(pinned.__delitem__, keys))  # the usual case: one reader each
+        # every count 1: one reader each (the usual case), and no key twice in `keys` (this
+        # load pinned each occurrence, so a repeated key would count at least 2)
+        if counts.count(1) == len(counts):
+            consume(map(pinned.__delitem__, keys))
             free = keys
         else:
             free = []
