@@ -7,7 +7,8 @@
 
 Each run is `kvsim.run.run` on the whole trace (all 12,031 requests: ``max_requests`` set past
 its length), the trace loaded once and reused; ``--repeats`` rounds each run every profile once,
-in turn, so a slow spell of a shared machine hits them alike. Prints a table of wall and CPU time
+in turn (every other round in reverse order: a run after another in the same process may be
+slower), so a slow spell of a shared machine hits them alike. Prints a table of wall and CPU time
 (best of the rounds; CPU time is this process's, steadier than wall time on a shared machine),
 simulated time, iterations, KV blocks, GB and blocks loaded from lower tiers, the HBM block
 operations and evictions, and TTFT/TPOT p50 per profile (the block counts are the engine's work:
@@ -77,13 +78,13 @@ def main() -> None:
     cpus: dict[str, list[float]] = {text: [] for text in texts}
     summaries: dict[str, dict] = {}
     _FORKED.update(trace=trace, configs=configs)
-    for _ in range(args.repeats):  # rounds alternate the profiles: a slow spell hits them alike
-        if args.side_by_side:  # a fresh process per run, all of a round's at once
+    for round_ in range(args.repeats):  # rounds alternate the profiles: a slow spell hits
+        if args.side_by_side:  # them alike; a fresh process per run, all of a round's at once
             fork = multiprocessing.get_context("fork")
             with fork.Pool(len(texts), maxtasksperchild=1) as pool:
                 timed = pool.map(_timed, texts, chunksize=1)
-        else:
-            timed = [_timed(text) for text in texts]
+        else:  # one process: every other round reversed, so neither always runs first
+            timed = [_timed(text) for text in (texts[::-1] if round_ % 2 else texts)]
         for text, wall, cpu, summary in timed:
             summaries[text] = summary
             walls[text].append(wall)
