@@ -121,6 +121,21 @@ def test_engine_bytes_equal_the_sizing_module(text):
 
 
 # -- prefix reuse -------------------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["quant:k=4,v=4", "quant:k=2,v=4,residual=0", "quant:k=8,v=8"])
+def test_equivalent_sum_is_the_sum_of_each_sequences_equivalent_tokens(text):
+    """quant's batches are priced from `equivalent_sum`: the same as adding each sequence's
+    `equivalent_tokens`, short contexts (a residual not yet full) and runs `ahead` included."""
+    parsed = parse_compression(text)
+    comp = EngineCompression(
+        parsed, 0, MODEL, "bf16", 1, 16, page_bytes(MODEL, parsed, 16, "bf16", 1)
+    )
+    assert comp.linear_reads and (comp.residual > 0) == ("residual=0" not in text)
+    for contexts in ([5, 40, 127, 128, 129], [3000, 9000], [1], []):
+        for ahead in (0, 1, 57):
+            each = sum(comp.equivalent_tokens(c + ahead) for c in contexts)
+            assert comp.equivalent_sum(contexts, ahead) == pytest.approx(each, rel=1e-12)
+
+
 def test_a_request_whose_compression_differs_never_hits_anothers_blocks():
     prompt = [(7, 2000)]
     # auto picks none while a request fits the memory budget, else the fewest bytes (quant);

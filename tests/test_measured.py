@@ -167,6 +167,27 @@ def test_decode_runs_match_single_iterations(tiny) -> None:
     )
 
 
+def test_a_batch_priced_from_its_summed_reads_equals_one_priced_per_sequence(tiny) -> None:
+    """quant's iterations and runs pass the batch's summed reads (`decode_total`, `total`):
+    a model without windows prices them as it prices the contexts themselves."""
+    measured = make_cost_model(tiny, _profile(tiny))
+    roofline = make_cost_model(tiny, dataclasses.replace(_profile(tiny), measured={}))
+    contexts = [100, 300, 700, 2048]
+    reads = [3 * c for c in contexts]  # what the sequences read, e.g. in equivalent tokens
+    for cost in (measured, roofline):
+        assert not cost.windowed
+        alone = cost.iteration_time_s([(64, 32)], reads)
+        summed = cost.iteration_time_s([(64, 32)], contexts, float(sum(reads)))
+        assert summed == pytest.approx(alone, rel=1e-12)
+        assert summed > cost.iteration_time_s([(64, 32)], contexts)
+        array = np.array(contexts, dtype=np.float64)
+        ends = cost.decode_run_ends_s(3 * array, 6, float(len(contexts)))
+        given = cost.decode_run_ends_s(array, 6, float(len(contexts)), float(sum(reads)))
+        assert np.allclose(given, ends, rtol=1e-12)
+        one_a_step = cost.decode_run_ends_s(array, 6, float(len(contexts)))  # growth: n a step
+        assert np.allclose(one_a_step, cost.decode_run_ends_s(array, 6), rtol=1e-12)
+
+
 def test_beyond_the_tables_each_family_is_the_roofline_models_kernel_terms(tiny) -> None:
     """Over a decade outside the measured range the measured model prices every family with
     the KernelRates terms RooflineCostModel uses (floors, soft ridge, attention and elementwise
