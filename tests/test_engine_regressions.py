@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -94,3 +95,23 @@ def test_settings_for_a_tier_not_enabled_say_so(engine, needle):
     outcome = run(RunConfig(max_requests=3, engine=EngineConfig(**engine)))
     assert any(needle in w for w in outcome.summary["run_warnings"])
     assert outcome.summary["completed"] == 3
+
+
+def test_belady_on_a_trace_whose_prompts_fill_no_block():
+    """Belady's oracle had no accesses to index (a 1-token prompt fills no 4-token block) and
+    failed building an empty table (found by test_invariants_under_random_workloads)."""
+    from helpers import Req, make_trace
+
+    from kvsim.engine import simulate
+    from kvsim.hardware import load_profile
+    from kvsim.models import load_model
+    from kvsim.policies.oracle import FutureUses
+
+    empty = FutureUses(np.zeros(0, np.int64), np.zeros(0))
+    assert empty(7, 0.0) == float("inf") and empty.following().size == 0
+    config = EngineConfig(
+        num_gpu_blocks=30, block_size=4, max_num_seqs=1, max_num_batched_tokens=64, policy="belady"
+    )
+    trace = make_trace([Req([(1, 1)], 1, arrival_s=0.0)])
+    result = simulate(trace, load_model("llama-3.1-8b"), load_profile("h100-sxm"), config)
+    assert result.requests.column("status").to_pylist() == ["completed"]

@@ -20,7 +20,7 @@ class FutureUses:
         self.hashes = keys[self._order]
         self.times = np.asarray(times, dtype=np.float64)[self._order]
         uniq, starts = np.unique(self.hashes, return_index=True)
-        ends = np.append(starts[1:], len(self.hashes))
+        ends = np.append(starts[1:], len(self.hashes))[: len(starts)]  # none for no access
         self.span = dict(
             zip(uniq.tolist(), zip(starts.tolist(), ends.tolist(), strict=True), strict=True)
         )
