@@ -120,7 +120,6 @@ def test_engine_bytes_equal_the_sizing_module(text):
             assert e.kv_bytes(n, g) == want, (n, g)
 
 
-# -- prefix reuse -------------------------------------------------------------------------------
 @pytest.mark.parametrize("text", ["quant:k=4,v=4", "quant:k=2,v=4,residual=0", "quant:k=8,v=8"])
 def test_equivalent_sum_is_the_sum_of_each_sequences_equivalent_tokens(text):
     """quant's batches are priced from `equivalent_sum`: the same as adding each sequence's
@@ -136,6 +135,7 @@ def test_equivalent_sum_is_the_sum_of_each_sequences_equivalent_tokens(text):
             assert comp.equivalent_sum(contexts, ahead) == pytest.approx(each, rel=1e-12)
 
 
+# -- prefix reuse -------------------------------------------------------------------------------
 def test_a_request_whose_compression_differs_never_hits_anothers_blocks():
     prompt = [(7, 2000)]
     # auto picks none while a request fits the memory budget, else the fewest bytes (quant);
