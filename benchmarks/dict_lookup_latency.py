@@ -2,12 +2,15 @@
 
     python benchmarks/dict_lookup_latency.py
 
-The engine keeps its KV blocks in dicts keyed by 64-bit block hashes (the HBM pool's reference
-counts, each tier's placement map and eviction queue). A compression profile with 3.2x smaller
-pages gives these tables 3.2x the entries. This measures a lookup (``dict.get`` over a list of
-keys, the C-level pass the engine makes) at the table sizes of the default
-mooncake-conversation run, in random order (blocks the scheduler touches across requests) and
-in insertion order (one request's chain, registered together). Asserts nothing: the figures go
+The engine keeps its KV blocks in dicts (the HBM pool's reference counts, each tier's placement
+map and eviction queue). A compression profile with 3.2x smaller pages gives these tables 3.2x
+the entries. This measures a lookup (``dict.get`` over a list of keys, the C-level pass the
+engine makes) in a dict of random 64-bit keys, as the engine's block hashes were, at the table
+sizes of the default mooncake-conversation run: in random order (blocks the scheduler touches
+across requests) and in insertion order (one request's chain, registered together). The second
+is why the engine now keys its tables by dense ids numbered by first appearance
+(kvsim.traces.blocks.first_seen_ids): a chain's ids are consecutive, so its lookups land in
+neighbouring slots. Asserts nothing: the figures go
 in docs/compression.md ("Does compression slow the engine?").
 """
 

@@ -234,7 +234,7 @@ def first_seen_ids(hashes: np.ndarray) -> np.ndarray:
     neighbouring slots: a chain's lookups touch a few cache lines instead of one per block, which
     at the table sizes of a large run is most of a block operation's cost
     (benchmarks/dict_lookup_latency.py). 0 is never an id (it names "no parent"). pandas'
-    factorize numbers values in order of appearance with a hash table: O(n), twice as fast as a
-    stable sort on the 9 M blocks of the whole Mooncake conversation trace."""
+    factorize numbers values in order of appearance with a hash table: O(n), 1.2-1.4 s on the
+    9.0 M blocks of the whole Mooncake conversation trace against 1.8-2.5 s for a stable sort."""
     codes, _ = pd.factorize(hashes)
     return codes + 1
