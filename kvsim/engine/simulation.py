@@ -438,8 +438,11 @@ def simulate(
         chooser = AutoChooser(engines, cost, config.auto_latency_budget_s, memory, replicas)
 
     def too_large(req: Request) -> bool:
-        """A request that can never fit: more blocks than a replica has at its peak."""
+        """A request that can never be served: beyond the model's context (vLLM refuses a prompt
+        beyond max_model_len) or more blocks than a replica has at its peak."""
         total = req.input_tokens + req.output_tokens
+        if model.max_context_tokens is not None and total > model.max_context_tokens:
+            return True
         c = req.comp
         if c is None or not c.drops:
             reserved = c.reserved_blocks(total) if c is not None else 0

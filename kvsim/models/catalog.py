@@ -10,6 +10,11 @@ the field, because a typo in a data file should be a one-line fix.
 from the same config.json (``torch_dtype``, or ``quantization_config`` where the checkpoint is
 quantized: DeepSeek-V3 ships fp8). `kvsim run` and `kvsim size` use it when no
 ``--weight-dtype`` is given.
+
+``max_context_tokens`` (optional; every catalog file gives it) is the longest sequence, prompt
+plus output, the model serves: config.json's ``max_position_embeddings``, or the model card's
+figure where the two differ (each file says which and why). A run refuses a longer request, as
+vLLM refuses a prompt beyond ``max_model_len``. A file without it sets no limit.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ _TOP_FIELDS: dict[str, type] = {
     "tie_word_embeddings": bool,
     "norms_per_layer": int,
     "weight_dtype": str,
+    "max_context_tokens": int,
 }
-_TOP_OPTIONAL = {"norms_per_layer", "weight_dtype"}
+_TOP_OPTIONAL = {"norms_per_layer", "weight_dtype", "max_context_tokens"}
 _GROUP_FIELDS: dict[str, type] = {
     "kind": str,
     "layers": int,
@@ -72,7 +78,7 @@ _MAMBA_FIELDS = ("mamba_expand", "mamba_d_state", "mamba_d_conv", "mamba_dt_rank
 #: Counts and dimensions that are meaningless at 0: a model with no layers, heads or head width
 #: has no KV to size, and a 0 here used to pass and then divide by zero or size nothing.
 _POSITIVE = {
-    "hidden_size", "num_layers", "num_attention_heads", "vocab_size",
+    "hidden_size", "num_layers", "num_attention_heads", "vocab_size", "max_context_tokens",
     "layers", "num_heads", "num_kv_heads", "head_dim", "head_dim_k", "head_dim_v", "window",
     "kv_sharing_factor", "q_lora_rank", "kv_lora_rank", "v_head_dim", "state_bytes_per_seq",
     "state_dtype_bytes", "mamba_expand", "mamba_d_state", "mamba_d_conv", "mamba_dt_rank",
@@ -206,6 +212,7 @@ class _Parser:
             mlp_groups=mlps,
             norms_per_layer=top.get("norms_per_layer", 2),
             weight_dtype=weight_dtype,
+            max_context_tokens=top.get("max_context_tokens"),
         )
 
     def array(self, data: dict[str, Any], key: str) -> list[dict[str, Any]]:

@@ -100,6 +100,11 @@ class ModelSpec:
     #: uses unless told otherwise. bf16 unless the model's config.json says else (DeepSeek-V3's
     #: ``quantization_config`` makes it fp8).
     weight_dtype: str = "bf16"
+    #: The longest sequence (prompt + output tokens) the model serves: its config.json
+    #: ``max_position_embeddings``, or the model card's figure where that differs. vLLM's
+    #: ``max_model_len`` defaults to it and refuses a request beyond it; the engine does the same.
+    #: None where a spec does not say (a hand-built spec): no limit.
+    max_context_tokens: int | None = None
 
     @property
     def num_params(self) -> int:
