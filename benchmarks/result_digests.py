@@ -62,7 +62,7 @@ def _cases() -> dict[str, Any]:
         "snapkv",
         "lkv",
         "kvp",
-        "moe-nd",
+        "moe-nd:budget=0.25",
         "infinigen",
         "auto",
     ):
@@ -77,7 +77,7 @@ def _cases() -> dict[str, Any]:
     cases["model/deepseek-mla"] = dataclasses.replace(
         cfg("sharegpt", 100, tp=8), model="deepseek-v3", hardware="h200-sxm"
     )
-    cases["model/jamba-hybrid"] = dataclasses.replace(cfg("sharegpt", 150), model="jamba-v0.1")
+    cases["model/jamba-hybrid"] = dataclasses.replace(cfg("sharegpt", 150, tp=2), model="jamba-v0.1")
     for router in builtin_router_names():
         cases[f"router/{router}"] = cfg("sharegpt", 400, replicas=4, router=router)
     cases["router/llm-d-refresh"] = cfg(
