@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.engine.request import Request
 from kvsim.kvcache import BlockPool
 from kvsim.kvcache.group_pool import GroupPool
+from kvsim.kvcache.request import Request
 from kvsim.mrc import BlockSequence, replay
 from kvsim.mrc.heads import replay_heads
 from kvsim.mrc.replay import cache_only_manager

@@ -14,8 +14,8 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
-from kvsim.engine.request import Request
 from kvsim.kvcache.hierarchy import Hierarchy
+from kvsim.kvcache.request import Request
 
 _FLOATS = ("arrival_s", "scheduled_s", "first_token_s", "finish_s", "load_wait_s")
 _INTS = ("cached_tokens", "preemptions", "recomputed_tokens", "rope_tokens", "transfer_bytes")

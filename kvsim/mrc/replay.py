@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.engine.request import Request
 from kvsim.kvcache.block_pool import BlockPool
 from kvsim.kvcache.manager import KVCacheManager
+from kvsim.kvcache.request import Request
 from kvsim.mrc.heads import replay_heads
 from kvsim.policies.base import BlockInfo, EvictionPolicy, FutureFn
 from kvsim.policies.ema_head import EmaHead
