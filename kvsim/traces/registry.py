@@ -1,8 +1,8 @@
-"""Trace names → loaders, format detection, and `load_trace`, the one entry point kvsim uses.
+"""Trace names → loaders, and `load_trace`, the one entry point kvsim uses.
 
 Data files live in `traces/` at the repository root; the `KVSIM_TRACES` environment variable
-points elsewhere. `load_trace` also takes a path in any supported format (`FORMATS`), detected from
-the name and first bytes unless `format` is given.
+points elsewhere. `load_trace` also takes a path in any registered format
+(`kvsim.traces.formats`), detected from the name and first bytes unless `format` is given.
 """
 
 from __future__ import annotations
@@ -14,32 +14,26 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 import kvsim
 from kvsim.errors import KvsimError, TraceError, UnknownNameError
-from kvsim.textio import decode_utf8, exists, one_line, parse_json
+from kvsim.textio import exists
 from kvsim.traces.agentic import AgenticParams, generate_agentic
 from kvsim.traces.arrivals import check_arrival, make_process, retime_table
 from kvsim.traces.azure import read_azure
-from kvsim.traces.burstgpt import read_burstgpt
-from kvsim.traces.chat import ChatTiming, read_lmsys, read_sharegpt_json
-from kvsim.traces.common import Chunked, Requests, RowErrors, iter_lines
+from kvsim.traces.common import Chunked, RowErrors
 from kvsim.traces.dynamo import read_dynamo
-from kvsim.traces.jsonl import read_jsonl
+from kvsim.traces.formats import ReadOptions, builtin_format_names, detect_format, get_format
 from kvsim.traces.lmsys import LmsysParams, generate_lmsys
 from kvsim.traces.mooncake import load_mooncake
-from kvsim.traces.schema import META_SKIPPED, Trace, read_trace
+from kvsim.traces.replay import collect, replay, session_starts
+from kvsim.traces.schema import Trace
 from kvsim.traces.sharegpt import load_sharegpt
-from kvsim.traces.swe_agent import read_swe_agent
-from kvsim.traces.text import make_counter
 from kvsim.traces.toolagent import ToolAgentParams, generate_toolagent
 
 __all__ = [
     "FORMATS",
     "TraceInfo",
+    "collect",
     "detect_format",
     "load_trace",
     "open_source",
@@ -50,21 +44,11 @@ __all__ = [
     "traces_dir",
 ]
 
-FORMATS = ("canonical", "jsonl", "mooncake", "sharegpt", "lmsys", "azure", "burstgpt", "dynamo",
-           "swe-agent")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _Options:
-    max_requests: int | None
-    rate: float | None
-    rate_scale: float
-    seed: int
-    skip_bad_rows: bool = False
-
+#: The file formats that ship with kvsim (`kvsim.traces.formats.format_names` adds plugins).
+FORMATS = tuple(builtin_format_names())
 
 #: A loader gets the data directory and the checked options.
-Loader = Callable[[Path, _Options], Trace]
+Loader = Callable[[Path, ReadOptions], Trace]
 
 
 @dataclass(frozen=True)
@@ -122,41 +106,11 @@ def _shown(path: Path, root: Path) -> str:
         return str(path)
 
 
-def collect(source: Chunked, max_requests: int | None = None) -> Trace:
-    """Gather a chunked source into one canonical Trace (first `max_requests` by arrival)."""
-    parts: list[Requests] = []
-    settled = 0
-    for req, frontier in source.chunks:
-        parts.append(req)
-        settled += int((req.arrival_s < frontier).sum())
-        if max_requests is not None and settled >= max_requests and math.isfinite(frontier):
-            pending = Requests.concat(parts)
-            # Rows past the frontier may still be preceded by rows of later chunks: stop only
-            # when the first N are all before it.
-            if np.sort(pending.arrival_s)[max_requests - 1] < frontier:
-                break
-    req = Requests.concat(parts)
-    if not len(req):
-        raise source.no_requests()
-    table = req.to_table(
-        name=source.name,
-        native_block_size=source.native_block_size,
-        description=source.description,
-    )
-    if max_requests is not None:
-        table = table.slice(0, max_requests)
-    if source.errors.count:
-        meta = dict(table.schema.metadata or {})
-        meta[META_SKIPPED] = str(source.errors.count).encode()
-        table = table.replace_schema_metadata(meta)
-    return Trace.from_table(table, source.name)
-
-
 # --- built-ins ----------------------------------------------------------------------------------
 
 
 def _mooncake(relpath: str, name: str) -> Loader:
-    def load(root: Path, opts: _Options) -> Trace:
+    def load(root: Path, opts: ReadOptions) -> Trace:
         path = root / relpath
         return load_mooncake(
             path,
@@ -171,7 +125,7 @@ def _mooncake(relpath: str, name: str) -> Loader:
     return load
 
 
-def _sharegpt(root: Path, opts: _Options) -> Trace:
+def _sharegpt(root: Path, opts: ReadOptions) -> Trace:
     path = root / "sharegpt" / "ShareGPT_V3_filtered_500.json"
     return load_sharegpt(
         path,
@@ -199,7 +153,7 @@ def _sessions(generate: Callable[..., Trace], base: Any, per_session: float) -> 
     """A loader for a session generator: the option rate, and enough sessions for the request
     count asked for."""
 
-    def load(root: Path, opts: _Options) -> Trace:
+    def load(root: Path, opts: ReadOptions) -> Trace:
         rate = (opts.rate or base.rate) * opts.rate_scale
         return _grow(
             lambda n: generate(replace(base, sessions=n, rate=rate), seed=opts.seed,
@@ -214,18 +168,18 @@ _lmsys = _sessions(generate_lmsys, LmsysParams(), LmsysParams().mean_turns)
 _agentic = _sessions(generate_agentic, AgenticParams(), 9.0)  # calls per session, roughly
 
 
-def _toolagent(root: Path, opts: _Options) -> Trace:
+def _toolagent(root: Path, opts: ReadOptions) -> Trace:
     base = ToolAgentParams()
     rate = (opts.rate or base.rate) * opts.rate_scale
     return generate_toolagent(replace(base, rate=rate), seed=opts.seed, requests=opts.max_requests)
 
 
 def _file(relpath: str, reader: Callable[..., Chunked], name: str) -> Loader:
-    def load(root: Path, opts: _Options) -> Trace:
+    def load(root: Path, opts: ReadOptions) -> Trace:
         path = root / relpath
         source = reader(path, name=name, shown=_shown(path, root),
                         skip_bad_rows=opts.skip_bad_rows)  # fmt: skip
-        return _replay(collect(source), opts)
+        return replay(collect(source), opts)
 
     return load
 
@@ -289,47 +243,6 @@ register_trace(
 # --- files in any format ------------------------------------------------------------------------
 
 
-def detect_format(path: Path) -> str:
-    """Guess a file's format from its name and first bytes; TraceError when it cannot."""
-    name = path.name.lower()
-    if path.is_dir():
-        if any(path.glob("*.traj")):
-            return "swe-agent"
-        raise TraceError(f"{path}: a directory without .traj files")
-    if name.endswith(".traj"):
-        return "swe-agent"
-    if name.endswith(".parquet"):
-        try:
-            names = pq.ParquetFile(path).schema_arrow.names
-        except (OSError, ValueError, pa.ArrowException) as exc:  # ValueError: bad UTF-8
-            raise TraceError(f"{path}: cannot read as Parquet: {one_line(exc)}") from None
-        return "lmsys" if "conversation" in names and "segments" not in names else "canonical"
-    if name.endswith(".json"):
-        return "sharegpt"
-    if name.endswith(".csv"):
-        try:
-            with path.open("rb") as handle:
-                head = decode_utf8(handle.readline(), str(path), TraceError)
-        except OSError as exc:
-            raise TraceError(f"{path}: cannot open: {exc.strerror or exc}") from None
-        if "ContextTokens" in head:
-            return "azure"
-        if "Request tokens" in head:
-            return "burstgpt"
-        raise TraceError(f"{path}:1: unknown CSV header; expected Azure or BurstGPT columns")
-    if name.endswith((".jsonl", ".jsonl.gz", ".gz")):
-        try:
-            first = next((raw for _, raw in iter_lines(path, str(path)) if raw.strip()), b"")
-            row = parse_json(first) if first else {}
-        except ValueError:
-            return "mooncake"  # its own reader reports the bad line
-        if isinstance(row, dict) and "event" in row:
-            return "dynamo"
-        own = ("segments", "arrival_s", "output_tokens")  # kvsim JSONL's names, not Mooncake's
-        return "jsonl" if isinstance(row, dict) and any(k in row for k in own) else "mooncake"
-    raise TraceError(f"{path}: unknown trace format; pass a format ({', '.join(FORMATS)})")
-
-
 def open_source(
     path: str | os.PathLike[str],
     *,
@@ -345,24 +258,9 @@ def open_source(
     path = Path(path)
     if not exists(path):
         raise TraceError(f"{path}: no such trace file")
-    fmt = format or detect_format(path)
-    if fmt not in FORMATS:
-        raise UnknownNameError("trace format", fmt, list(FORMATS))
-    if fmt == "canonical":
-        return read_trace(path, skip_bad_rows)
-    if fmt == "mooncake":
-        return load_mooncake(path, errors=RowErrors(skip=skip_bad_rows))
-    if fmt == "jsonl":
-        return read_jsonl(path, skip_bad_rows=skip_bad_rows)
-    if fmt in ("sharegpt", "lmsys"):
-        timing = ChatTiming.default(seed, rate or 1.0)
-        reader = read_sharegpt_json if fmt == "sharegpt" else read_lmsys
-        return reader(path, counter=make_counter(tokenizer), timing=timing,
-                      skip_bad_rows=skip_bad_rows)  # fmt: skip
-    if fmt == "swe-agent":
-        return read_swe_agent(path, counter=make_counter(tokenizer), skip_bad_rows=skip_bad_rows)
-    reader = {"azure": read_azure, "burstgpt": read_burstgpt, "dynamo": read_dynamo}[fmt]
-    return reader(path, skip_bad_rows=skip_bad_rows)
+    reader = get_format(format or detect_format(path))
+    options = ReadOptions(rate=rate, seed=seed, skip_bad_rows=skip_bad_rows, tokenizer=tokenizer)
+    return reader.open(path, options)
 
 
 # --- options --------------------------------------------------------------------------------------
@@ -377,95 +275,10 @@ def _check_options(max_requests: int | None, rate: float | None, rate_scale: flo
         raise KvsimError(f"option 'rate_scale' must be a positive number, got {rate_scale!r}")
 
 
-def _session_starts(table: pa.Table) -> np.ndarray:
-    arrival = table.column("arrival_s").to_numpy()
-    _, first = np.unique(table.column("session_id").to_numpy(), return_index=True)
-    return np.sort(arrival[first])
-
-
-class _Scaled:
-    """Replay: the trace's own session starts, times `factor` (a process for `retime_table`)."""
-
-    def __init__(self, starts: np.ndarray, factor: float) -> None:
-        self._starts, self._factor, self._i = starts, factor, 0
-
-    def draw(self, n: int) -> np.ndarray:
-        out = self._starts[self._i : self._i + n] * self._factor
-        self._i += n
-        return out
-
-
-def _replay(trace: Trace, opts: _Options) -> Trace:
-    """Real timestamps: `rate` stretches session starts to that mean rate, `rate_scale` divides.
-
-    Sessions move as a whole, so think times and turn order stay as they are.
-    """
-    factor = 1.0 / opts.rate_scale
-    if opts.rate is not None:
-        starts = _session_starts(trace.table)
-        span = float(starts[-1] - starts[0]) if starts.size else 0.0
-        if span <= 0:
-            raise TraceError(
-                f"{trace.name}: all arrivals at one instant; option 'rate' cannot apply"
-            )
-        factor *= (starts.size / span) / opts.rate
-    table = trace.table
-    if factor != 1.0:
-        starts = _session_starts(table)
-        table = retime_table(table, _Scaled(starts - starts[0], factor))
-        table = _shift_origin(table, float(starts[0]) * factor)
-    if opts.max_requests is not None:
-        table = table.slice(0, opts.max_requests)
-    return Trace.from_table(table, trace.name)
-
-
-def _shift_origin(table: pa.Table, offset: float) -> pa.Table:
-    if offset == 0:
-        return table
-    idx = table.schema.get_field_index("arrival_s")
-    values = table.column("arrival_s").to_numpy() + offset
-    return table.set_column(idx, table.schema.field(idx), pa.array(values, pa.float64()))
-
-
-def _load_parquet(path: Path, opts: _Options) -> Trace:
-    if opts.rate is not None:
-        raise KvsimError(
-            f"option 'rate' does not apply to a stored trace ({path}); use 'rate_scale'"
-        )
-    trace = read_trace(path, opts.skip_bad_rows)
-    table = trace.table
-    if opts.max_requests is not None:
-        table = table.slice(0, opts.max_requests)
-    if opts.rate_scale != 1.0:
-        index = table.schema.get_field_index("arrival_s")
-        scaled = np.asarray(table.column("arrival_s").to_numpy()) / opts.rate_scale
-        table = table.set_column(index, table.schema.field(index), pa.array(scaled, pa.float64()))
-    return Trace.from_table(table, str(path))
-
-
-def _load_path(path: Path, opts: _Options, fmt: str | None, tokenizer) -> Trace:
+def _load_path(path: Path, opts: ReadOptions, fmt: str | None) -> Trace:
     if not exists(path):
         raise TraceError(f"{path}: no such trace file")
-    fmt = fmt or detect_format(path)
-    if fmt == "canonical":
-        return _load_parquet(path, opts)
-    if fmt == "mooncake":
-        return load_mooncake(path, max_requests=opts.max_requests, rate=opts.rate,
-                             rate_scale=opts.rate_scale,
-                             errors=RowErrors(skip=opts.skip_bad_rows))  # fmt: skip
-    chat = fmt in ("sharegpt", "lmsys")
-    source = open_source(
-        path,
-        format=fmt,
-        seed=opts.seed,
-        rate=(opts.rate or 1.0) * opts.rate_scale if chat else None,
-        tokenizer=tokenizer,
-        skip_bad_rows=opts.skip_bad_rows,
-    )
-    assert isinstance(source, Chunked)
-    if chat:  # generated session starts: rate already applied
-        return collect(source, opts.max_requests)
-    return _replay(collect(source), opts)
+    return get_format(fmt or detect_format(path)).load(path, opts)
 
 
 def load_trace(
@@ -499,18 +312,18 @@ def load_trace(
     model = None if arrival is None else arrival.partition(":")[0]
     retimed = model not in (None, "replay")
     # With a new arrival model, load everything first: the first N by the new times differ.
-    opts = _Options(None if retimed else max_requests, None if retimed else rate,
-                    1.0 if retimed else rate_scale, seed, skip_bad_rows)  # fmt: skip
+    opts = ReadOptions(None if retimed else max_requests, None if retimed else rate,
+                       1.0 if retimed else rate_scale, seed, skip_bad_rows, tokenizer)  # fmt: skip
     key = os.fspath(name_or_path)
     if key in _LOADERS:
         trace = _LOADERS[key].loader(traces_dir(), opts)
     elif format is not None or Path(key).suffix or exists(Path(key)):
-        trace = _load_path(Path(key), opts, format, tokenizer)
+        trace = _load_path(Path(key), opts, format)
     else:
         raise UnknownNameError("trace", key, trace_names())
     if not retimed:
         return trace
-    starts = _session_starts(trace.table)
+    starts = session_starts(trace.table)
     if rate is None:
         span = float(starts[-1] - starts[0]) if starts.size > 1 else 0.0
         if span <= 0:
