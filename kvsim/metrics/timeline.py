@@ -2,15 +2,36 @@
 
 The timeline is sampled by one SimPy process at a fixed simulated interval (no per-token or
 per-block events), kept in Python lists and turned into Arrow once at the end. Through idle
-stretches (no request anywhere, no transfer on any link) it takes no samples: it records the
-idle state once and sleeps until the next request arrives, so a day-long gap in a trace costs
-one row, not 86,400. Cluster columns
-are totals over replicas (a shared tier counted once; a link's busy fraction averaged over the
-replicas' links to that tier); a cluster run adds each replica's queue and HBM occupancy.
+stretches (no request in the system, no transfer on any link) it takes no samples: it records
+the idle state once and sleeps until the next request arrives, so a day-long gap in a trace
+costs one row, not 86,400. Cluster columns are totals over replicas (a shared tier counted once;
+a link's busy fraction averaged over the replicas' links to that tier); a cluster run adds each
+replica's queue and HBM occupancy.
+
+"In the system" means arrived and not yet finished, counted from the arrivals (`wake`) and the
+simulation's count of finished requests, not from the replicas' queues: a request spends time
+where no queue holds it (the serving front end, a P/D hand-off between replicas). Judging
+idleness by the queues once put the timeline to sleep at an arrival, before the request had
+reached a queue, and it slept through the whole request: with sparse arrivals a run's timeline
+showed no running request and no used HBM block at all.
+
+Most columns are point samples: the state at the row's time. A request shorter than the interval
+can still fall between two rows, so ``in_system_max`` is a maximum, not a sample: the most
+requests in the system at any moment since the previous row (it can only rise at an arrival,
+where it is updated; one counter per arrival, nothing per token). A busy stretch, however
+short, shows in it.
+
+The table is bounded, whatever the simulated time: at `MAX_CELLS` cells (rows × columns, at
+least `MIN_ROWS` rows) it halves, keeping every second row (the point samples at that row's
+time; ``in_system_max`` the larger of the pair, a link's busy fraction their time-weighted mean)
+and doubling the interval from then on. A run that lasts ages of simulated time (a profile
+with very slow hardware, an overloaded fleet) so keeps a coarser timeline, not one that grows
+until memory runs out; no run of ordinary length comes near the bound.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 
 import pyarrow as pa
@@ -18,6 +39,12 @@ import simpy
 
 from kvsim.kvcache.hierarchy import Hierarchy, LowerTier
 from kvsim.kvcache.link import Link
+
+#: Most cells (rows × columns) the timeline holds before it halves its rows: 2M numbers, about
+#: 65 MB in Python lists; 200,000 rows of a one-replica run (55 hours at the default 1 s).
+MAX_CELLS = 1 << 21
+#: Fewest rows it halves at, however many columns (a fleet's per-replica columns).
+MIN_ROWS = 1 << 10
 
 
 def _distinct_tiers(hierarchies: Iterable[Hierarchy]) -> dict[str, list[LowerTier]]:
@@ -42,11 +69,22 @@ def _distinct_links(tiers: list[LowerTier]) -> list[Link]:
 class Timeline:
     """Samples queue lengths, HBM and tier occupancy, and link busy fractions."""
 
-    def __init__(self, env: simpy.Environment, replicas: list, interval_s: float) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        replicas: list,
+        interval_s: float,
+        completed: Callable[[], int],
+    ) -> None:
+        """`completed` counts the requests that have finished (or were refused) so far."""
         self.env = env
         self.replicas = replicas
         self.interval_s = interval_s
-        self.tiers = _distinct_tiers(r.hierarchy for r in replicas if r.hierarchy is not None)
+        self._completed = completed
+        self._arrived = 0
+        self._peak = 0  # the most requests in the system since the last row
+        hierarchies = (r.kv.hierarchy for r in replicas if r.kv.hierarchy is not None)
+        self.tiers = _distinct_tiers(hierarchies)
         self.links = {name: _distinct_links(tiers) for name, tiers in self.tiers.items()}
         self.columns: dict[str, list[float]] = {
             "time_s": [],
@@ -55,6 +93,7 @@ class Timeline:
             "loading": [],
             "hbm_used_blocks": [],
             "hbm_cached_blocks": [],
+            "in_system_max": [],
         }
         for name in self.tiers:
             self.columns[f"{name}_blocks"] = []
@@ -69,17 +108,25 @@ class Timeline:
         self._idle: simpy.Event | None = None
         self._last_s = env.now
         self._woken = False
+        self._step_s = interval_s  # the wait before the next sample on the grid
+        self._elapsed: list[float] = []  # what each row's busy fractions are a share of
+        self.max_rows = max(MIN_ROWS, MAX_CELLS // len(self.columns)) // 2 * 2
 
     def wake(self) -> None:
-        """A request arrived: resume sampling if the timeline sleeps through an idle stretch."""
+        """A request arrived: count it, and resume sampling if the timeline sleeps through an
+        idle stretch."""
+        self._arrived += 1
+        inside = self._arrived - self._completed()
+        if inside > self._peak:
+            self._peak = inside
         idle = self._idle
         if idle is not None and not idle.triggered:
             idle.succeed()
 
     def _quiet(self) -> bool:
-        for r in self.replicas:
-            if r.running or r.waiting or r.loading:
-                return False
+        """No request in the system and no transfer on any link."""
+        if self._arrived > self._completed():
+            return False
         return all(link.idle for link in self._all_links)
 
     def sample(self, finished: Callable[[], bool]):
@@ -94,22 +141,27 @@ class Timeline:
                 self._idle = None
                 self._woken = True
                 continue
-            yield self.env.timeout(self.interval_s)
+            self._step_s = self.interval_s
+            yield self.env.timeout(self._step_s)
 
     def _record(self) -> None:
         c = self.columns
         replicas = self.replicas
         now = self.env.now
         # one interval, or the time since the last sample when an arrival ended an idle stretch
-        elapsed = now - self._last_s if self._woken else self.interval_s
+        elapsed = now - self._last_s if self._woken else self._step_s
+        self._elapsed.append(elapsed)
         self._woken = False
         self._last_s = now
         c["time_s"].append(now)
+        inside = self._arrived - self._completed()
+        c["in_system_max"].append(max(self._peak, inside))
+        self._peak = inside
         c["running"].append(sum(len(r.running) for r in replicas))
         c["waiting"].append(sum(len(r.waiting) for r in replicas))
         c["loading"].append(sum(len(r.loading) for r in replicas))
-        c["hbm_used_blocks"].append(sum(r.pool.used for r in replicas))
-        c["hbm_cached_blocks"].append(sum(len(r.pool.refs) for r in replicas))
+        c["hbm_used_blocks"].append(sum(r.kv.pool.used for r in replicas))
+        c["hbm_cached_blocks"].append(sum(len(r.kv.pool.refs) for r in replicas))
         for name, tiers in self.tiers.items():
             c[f"{name}_blocks"].append(sum(t.resident for t in tiers))
             links = self.links[name]
@@ -124,7 +176,28 @@ class Timeline:
             for r in replicas:
                 c[f"r{r.index}_waiting"].append(len(r.waiting))
                 c[f"r{r.index}_running"].append(len(r.running) + len(r.loading))
-                c[f"r{r.index}_hbm_used_blocks"].append(r.pool.used)
+                c[f"r{r.index}_hbm_used_blocks"].append(r.kv.pool.used)
+        if len(self._elapsed) >= self.max_rows:
+            self._halve()
+
+    def _halve(self) -> None:
+        """Keep every second row (of each pair, the later), merging what each row measured over
+        its interval with its dropped neighbour; sample half as often from now on."""
+        e = self._elapsed
+        first, second = e[0::2], e[1::2]
+        for name, values in self.columns.items():
+            if name == "in_system_max":
+                values[:] = map(max, values[0::2], values[1::2])
+            elif name.endswith("_link_busy"):
+                pairs = zip(values[0::2], first, values[1::2], second, strict=True)
+                values[:] = [
+                    (b1 * e1 + b2 * e2) / (e1 + e2) if e1 + e2 > 0 else 0.0
+                    for b1, e1, b2, e2 in pairs
+                ]
+            else:  # a point sample: the later row's
+                del values[0::2]
+        e[:] = map(operator.add, first, second)
+        self.interval_s *= 2
 
     def table(self) -> pa.Table:
         return pa.table(self.columns)
