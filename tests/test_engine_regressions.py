@@ -20,7 +20,11 @@ def test_prefetch_during_a_coalesced_decode_run_leaves_its_blocks(trace, max_req
     ('coalesced decode ran out of blocks it had counted'). Prefetch now leaves them alone."""
     engine = EngineConfig(num_gpu_blocks=blocks)
     outcome = run(RunConfig(trace=trace, max_requests=max_requests, engine=engine))
-    assert outcome.summary["completed"] == max_requests
+    # one mooncake-toolagent request (131,216 tokens) is beyond llama-3.1-8b's 131,072-token
+    # context and is refused at once; every other request completes
+    beyond = {"mooncake-toolagent": 1}.get(trace, 0)
+    assert outcome.summary["completed"] == max_requests - beyond
+    assert outcome.summary["rejected"] == beyond
     assert outcome.summary["prefetched_blocks"] > 0
 
 

@@ -9,6 +9,14 @@ Physical quantities (FLOP/s, sizes, bandwidths, counts, efficiencies) must be fi
 prices, latencies and the per-iteration overhead may be 0 (HBM is paid for in the GPU's price),
 but no number may be NaN, infinite or negative: one such value used to pass and then make a run
 "complete" 1 request of 100.
+
+Every FLOP rate, memory size, bandwidth, capacity, latency and fixed overhead must also lie in a
+plausible range (`PLAUSIBLE`, the one place the ranges and their reasons are written). The
+ranges are datasheet orders of magnitude with a wide margin on both sides: they do not judge
+hardware, they catch a unit slip. ``bf16 = 989.4`` (TFLOP/s typed without ``e12``) and
+``bf16 = 1e-9`` used to pass; a run on such a profile then never ended, grew until MemoryError,
+or reported a TTFT p50 of 3.2e12 s without a warning. `load_profile` validates every profile a
+run, sweep or plan uses, so each of them refuses such a file in one line too.
 """
 
 from __future__ import annotations
@@ -84,6 +92,35 @@ _TIER_FIELDS = {
 #: and a shared pool a few thousand nodes; a larger count is a typo and would overflow the
 #: bandwidth arithmetic (a per-GPU bandwidth times the GPUs of a node).
 MAX_COUNT = 1_000_000
+#: Plausible ranges (low, high, unit) of a profile's physical quantities, in SI units, keyed by
+#: kind. Each is a datasheet order of magnitude widened on both sides; a value outside is a unit
+#: slip, not a device (see the reasons beside each).
+PLAUSIBLE: dict[str, tuple[float, float, str]] = {
+    # Peak FLOP/s of one device, any dtype. Datasheets: an A100 312e12 (bf16 dense), an H100
+    # 989e12, a GB200 5e15 (fp8) and 1e16 (fp4 dense); `kvsim calibrate --device cpu` writes a
+    # CPU's best measured GEMM rate, ~1e9 to 1e12. The floor sits below any such CPU; TFLOP/s
+    # typed without e12 (989.4) is 1e12 times too small, GFLOP/s (989400) 1e6 times.
+    "flops": (1e8, 1e18, "FLOP/s"),
+    # Memory of one device: GPUs carry 16 GB (T4) to 288 GB (B300, MI355X) of HBM; a CPU
+    # calibration takes the machine's RAM (a few GB to a few TB). "80MB" for "80GB" is refused.
+    "memory": (1e8, 1e14, "bytes"),
+    # Bandwidths of one device: HBM (0.3e12 on a T4 to 8e12 on a B200), NVLink (0.3e12 to
+    # 0.9e12 a direction), PCIe host links (16e9 to 64e9; Grace C2C 450e9) and all-reduce bus
+    # rates. A CPU calibration's memory copy on a busy machine can be ~1e9, hence the floor.
+    "device_bandwidth": (1e8, 1e15, "bytes/s"),
+    # A tier's capacity, per GPU, node or shared pool: up to the largest parallel file systems
+    # (Frontier's Orion holds 7e17 bytes). No floor: a tier too small for one KV block holds
+    # nothing, which an experiment may want (the tests shrink dram to 4 KiB), and a size
+    # without its unit is refused already.
+    "capacity": (1.0, 1e20, "bytes"),
+    # A tier's read or write bandwidth, per GPU or per node: from a disk or an object store
+    # (~1e8) to a rack's HBM (72 GPUs x 8e12 = 6e14).
+    "tier_bandwidth": (1e6, 1e16, "bytes/s"),
+    # Latencies and fixed costs (a transfer's setup, an iteration's or a request's overhead, a
+    # kernel's floor): HBM ~1e-7 s, a parallel file system ~5e-4 s, a serving front end ~1e-2
+    # s. More than a second is seconds typed for micro- or milliseconds.
+    "latency": (0.0, 1.0, "s"),
+}
 _SOURCE_PREFIX = re.compile(r"^(S\d+\b|assumption:|measured:|override:)")
 _HAS_UNIT = re.compile(r"[A-Za-z]\s*$")
 
@@ -196,6 +233,13 @@ class _Reader:
         self.numeric_fields.append(field)
         return rate
 
+    def plausible(self, field: str, value: float, kind: str) -> float:
+        """``value`` if it lies in the ``PLAUSIBLE`` range of ``kind``; else the one-line error."""
+        problem = implausible(kind, value)
+        if problem:
+            self.fail(field, problem)
+        return value
+
     def duration(self, data: dict[str, Any], key: str, field: str) -> float:
         """A non-negative duration written with its unit, e.g. '3us'."""
         value = self.required(data, key, field)
@@ -208,6 +252,24 @@ class _Reader:
             self.fail(field, expected)
         self.numeric_fields.append(field)
         return seconds
+
+
+def implausible(kind: str, value: float) -> str | None:
+    """Why ``value`` is out of the ``PLAUSIBLE`` range of ``kind``, or None when it is in it."""
+    low, high, unit = PLAUSIBLE[kind]
+    if low <= value <= high:
+        return None
+    hint = ""
+    if kind == "flops":
+        hint = "; write FLOP/s in full, e.g. bf16 = 989.4e12, not 989.4"
+    elif kind == "latency":
+        hint = "; check the unit (us, ms or s)"
+    elif unit.startswith("bytes"):
+        hint = "; check the unit (MB, GB, TB)"
+    return (
+        f"{value:.4g} {unit} is implausible: expected {low:g} to {high:g} {unit} "
+        f"(datasheet orders of magnitude, kvsim.hardware.validate.PLAUSIBLE){hint}"
+    )
 
 
 def _read_toml(path: Path, reader: _Reader) -> dict[str, Any]:
@@ -235,17 +297,18 @@ def _gpu(r: _Reader, data: dict[str, Any]) -> GpuSpec:
             r.fail(
                 field, f"expected a positive FLOP/s such as 989.4e12, got {flops_table[dtype]!r}"
             )
+        r.plausible(field, flops[dtype], "flops")
+
+    def bandwidth(key: str) -> float:
+        return r.plausible(f"gpu.{key}", r.rate(gpu, key, f"gpu.{key}"), "device_bandwidth")
+
     return GpuSpec(
         name=r.text(gpu, "name", "gpu.name"),
-        hbm_bytes=r.size(gpu, "hbm", "gpu.hbm"),
-        hbm_bandwidth_bytes_per_s=r.rate(gpu, "hbm_bandwidth", "gpu.hbm_bandwidth"),
+        hbm_bytes=int(r.plausible("gpu.hbm", r.size(gpu, "hbm", "gpu.hbm"), "memory")),
+        hbm_bandwidth_bytes_per_s=bandwidth("hbm_bandwidth"),
         peak_flops_per_s=flops,
-        interconnect_bandwidth_bytes_per_s=r.rate(
-            gpu, "interconnect_bandwidth", "gpu.interconnect_bandwidth"
-        ),
-        host_link_bandwidth_bytes_per_s=r.rate(
-            gpu, "host_link_bandwidth", "gpu.host_link_bandwidth"
-        ),
+        interconnect_bandwidth_bytes_per_s=bandwidth("interconnect_bandwidth"),
+        host_link_bandwidth_bytes_per_s=bandwidth("host_link_bandwidth"),
     )
 
 
@@ -259,7 +322,8 @@ def _efficiency(r: _Reader, data: dict[str, Any]) -> Efficiency:
             optional[key] = r.fraction(eff, key, f"efficiency.{key}")
     for key in _EFFICIENCY_SECONDS:
         if key in eff:
-            optional[key] = r.number(eff, key, f"efficiency.{key}")
+            field = f"efficiency.{key}"
+            optional[key] = r.plausible(field, r.number(eff, key, field), "latency")
     if "ridge_sharpness" in eff:
         # p of a p-norm: 1 adds the two limits, larger is sharper; below 1 is not a norm
         optional["ridge_sharpness"] = r.number(
@@ -268,8 +332,10 @@ def _efficiency(r: _Reader, data: dict[str, Any]) -> Efficiency:
     return Efficiency(
         compute=r.fraction(eff, "compute", "efficiency.compute"),
         memory=r.fraction(eff, "memory", "efficiency.memory"),
-        iteration_overhead_s=r.number(
-            eff, "iteration_overhead_s", "efficiency.iteration_overhead_s"
+        iteration_overhead_s=r.plausible(
+            "efficiency.iteration_overhead_s",
+            r.number(eff, "iteration_overhead_s", "efficiency.iteration_overhead_s"),
+            "latency",
         ),
         **optional,
     )
@@ -288,12 +354,17 @@ def _allreduce(r: _Reader, data: dict[str, Any]) -> tuple[AllReduceAlgorithm, ..
         if any(a.name == name for a in algorithms):
             r.fail(p.rstrip("."), "duplicate algorithm; each name appears once")
         r.no_unknown(item, _ALLREDUCE_FIELDS, p)
+
+        def latency(key: str, item: dict[str, Any] = item, p: str = p) -> float:
+            return r.plausible(p + key, r.duration(item, key, p + key), "latency")
+
+        bus = r.rate(item, "bus_bandwidth", p + "bus_bandwidth")
         algorithms.append(
             AllReduceAlgorithm(
                 name=name,
-                latency_s=r.duration(item, "latency", p + "latency"),
-                latency_per_gpu_s=r.duration(item, "latency_per_gpu", p + "latency_per_gpu"),
-                bus_bandwidth_bytes_per_s=r.rate(item, "bus_bandwidth", p + "bus_bandwidth"),
+                latency_s=latency("latency"),
+                latency_per_gpu_s=latency("latency_per_gpu"),
+                bus_bandwidth_bytes_per_s=r.plausible(p + "bus_bandwidth", bus, "device_bandwidth"),
                 min_gpus=r.count(item, "min_gpus", p + "min_gpus") if "min_gpus" in item else 2,
             )
         )
@@ -326,7 +397,11 @@ def _tier(r: _Reader, index: int, raw: Any) -> TierSpec:
     if note is not None and (not isinstance(note, str) or not note.strip()):
         r.fail(p + "faster_than_above_note", f"expected a non-empty string, got {note!r}")
     overhead = (
-        r.duration(raw, "transfer_overhead", p + "transfer_overhead")
+        r.plausible(
+            p + "transfer_overhead",
+            r.duration(raw, "transfer_overhead", p + "transfer_overhead"),
+            "latency",
+        )
         if "transfer_overhead" in raw
         else 0.0
     )
@@ -338,13 +413,18 @@ def _tier(r: _Reader, index: int, raw: Any) -> TierSpec:
             "'active' is for a node-local tier below hbm (dram, cxl, nvme) with "
             "bandwidth_scope = 'per_node'",
         )
+    capacity = r.plausible(p + "capacity", r.size(raw, "capacity", p + "capacity"), "capacity")
+
+    def bandwidth(key: str) -> float:
+        return r.plausible(p + key, r.rate(raw, key, p + key), "tier_bandwidth")
+
     return TierSpec(
         name=name,
-        capacity_bytes=r.size(raw, "capacity", p + "capacity"),
-        read_bandwidth_bytes_per_s=r.rate(raw, "read_bandwidth", p + "read_bandwidth"),
-        write_bandwidth_bytes_per_s=r.rate(raw, "write_bandwidth", p + "write_bandwidth"),
+        capacity_bytes=int(capacity),
+        read_bandwidth_bytes_per_s=bandwidth("read_bandwidth"),
+        write_bandwidth_bytes_per_s=bandwidth("write_bandwidth"),
         bandwidth_scope=scope,  # type: ignore[arg-type]  # checked above
-        latency_s=r.duration(raw, "latency", p + "latency"),
+        latency_s=r.plausible(p + "latency", r.duration(raw, "latency", p + "latency"), "latency"),
         usd_per_gb_hour=r.number(raw, "usd_per_gb_hour", p + "usd_per_gb_hour"),
         shared_by_nodes=shared,
         enabled=enabled,
