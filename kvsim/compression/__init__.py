@@ -1,20 +1,24 @@
 """KV compression profiles (token dropping, quantisation, offloading) and their exact byte cost.
 
+Each profile is one module of ``kvsim.compression.profiles``: a ``Compression`` subclass that
+says what it keeps, reads, stores and costs (``kvsim.compression.base``), registered by name.
 Models layer: imports ``kvsim.models`` and ``kvsim.errors`` only. See docs/compression.md.
 """
 
 from kvsim.compression.auto import choose, quality_rank
+from kvsim.compression.base import Compression, Key, LayerConfig
 from kvsim.compression.profiles import (
     DEFAULT_AUTO_CANDIDATES,
     PROFILES,
-    Compression,
-    LayerConfig,
-    Profile,
     parse_compression,
+    profile_class,
+    profile_names,
+    register,
 )
 from kvsim.compression.quality import QualityPoint, quality, quality_reason
 from kvsim.compression.sizing import (
     CompressionWork,
+    LayerBytes,
     bytes_per_kept_token,
     compressed_kv_bytes,
     compression_work,
@@ -29,8 +33,9 @@ __all__ = [
     "PROFILES",
     "Compression",
     "CompressionWork",
+    "Key",
+    "LayerBytes",
     "LayerConfig",
-    "Profile",
     "QualityPoint",
     "bytes_per_kept_token",
     "choose",
@@ -40,9 +45,12 @@ __all__ = [
     "kv_layer_count",
     "layer_bytes",
     "parse_compression",
+    "profile_class",
+    "profile_names",
     "quality",
     "quality_rank",
     "quality_reason",
+    "register",
     "solve",
     "synthetic_sensitivity",
 ]

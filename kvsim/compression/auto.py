@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvsim.compression.profiles import Compression
+from kvsim.compression.base import Compression
 from kvsim.errors import ConfigError
 
 __all__ = ["choose", "quality_rank"]
 
 
 def quality_rank(comp: Compression) -> float | None:
-    """The retained fraction ``choose`` ranks by: 1.0 for none, the published point, or None."""
+    """The retained fraction ``choose`` ranks by: 1.0 uncompressed, the published point, or None."""
     from kvsim.compression.quality import quality
 
-    if comp.name == "none":
+    if comp.identity:
         return 1.0
     point = quality(comp)
     return None if point is None or point.retained is None else point.retained

@@ -33,8 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from kvsim.compression.profiles import Compression
-from kvsim.compression.solver import option_cost
+from kvsim.compression.base import Compression
 
 __all__ = ["QualityPoint", "quality", "quality_points", "quality_reason"]
 
@@ -68,32 +67,6 @@ class _Published:
     bits: int | None = None  # quant: k = v bits
     group: int | None = None
     residual: int | None = None
-
-
-_NONE_POINT = QualityPoint(
-    benchmark="any",
-    model="any",
-    retained=1.0,
-    score=None,
-    baseline=None,
-    source="definition",
-    note="uncompressed: the baseline itself",
-)
-
-_MOE_ND_POINT = QualityPoint(
-    benchmark="LongBench-v1, 4-task subset, 16k inputs, n=50 per task",
-    model="the paper's reasoning model (not named in the abstract)",
-    retained=1.0,
-    score=None,
-    baseline=None,
-    source="MoE-nD, arXiv 2604.17695, abstract",
-    note=(
-        "the abstract says the hetero variant 'matches' the uncompressed 1.9 GB baseline at 14x "
-        "compression (136 MB); read as 1.0 retained; applied to every moe-nd configuration "
-        "at ≤ 14× on our assumption that keeping more bytes loses no quality; it holds for the "
-        "paper's calibrated routing, not for a routing solved from kvsim's synthetic table"
-    ),
-)
 
 
 # -- the published tables -------------------------------------------------------------------------
@@ -459,49 +432,10 @@ _PUBLISHED: tuple[_Published, ...] = (
     *_kivi(),
 )
 
-_NOT_FOUND: dict[str, str] = {
-    "lkv": (
-        "LKV (arXiv 2605.06676): only its abstract was found ('near-lossless performance with "
-        "only 15% KV cache retention' on LongBench/RULER), with no score"
-    ),
-    "kvp": (
-        "KVP (arXiv 2602.10238): a full-text copy was searched; its quality results (RULER-4k, "
-        "OASST2-4k perplexity, BoolQ, ARC-C, GovReport on Qwen2.5-7B-Chat; Phi-4 in the "
-        "appendix) are plots only, with no numeric table"
-    ),
-    "infinigen": (
-        "InfiniGen (arXiv 2406.19707): only the abstract ('substantially better model "
-        "accuracy') and the artifact repo snu-comparch/InfiniGen (accuracy/README.md: scripts "
-        "for Figs 11-13 and Table 2, no numbers) were found; no copy of its accuracy results"
-    ),
-    "auto": "auto picks a candidate per request; ask about the chosen candidate",
-}
-
 
 # -- matching -------------------------------------------------------------------------------------
-def _moe_nd_ratio(comp: Compression) -> float:
-    """Compression ratio against 16-bit KV: 1 / mean per-layer byte fraction."""
-    group = comp.param("group")
-    costs = [option_cost(c, group) for c in comp.layer_configs]
-    return len(costs) / sum(costs)
-
-
 def _amount_text(amount: int | Fraction) -> str:
     return f"{float(amount):g} of the context" if isinstance(amount, Fraction) else str(amount)
-
-
-def _kept(comp: Compression) -> tuple[int | Fraction, str] | None:
-    """The amount a budget profile keeps (tokens per head, or a ratio), and how it is made up."""
-    if comp.name == "streaming":
-        sinks, window = comp.param("sinks"), comp.param("window")
-        return sinks + window, f"sinks+window {sinks}+{window}"
-    if comp.name == "snapkv":
-        return comp.param("capacity"), f"capacity {comp.param('capacity')}"
-    if comp.name == "h2o":
-        budget = comp.param("budget")
-        shown = f"{float(budget):g}" if isinstance(budget, Fraction) else str(budget)
-        return budget, f"budget={shown}"
-    return None
 
 
 def _near(value: int | Fraction, published: int | Fraction) -> bool:
@@ -512,22 +446,22 @@ def _near(value: int | Fraction, published: int | Fraction) -> bool:
 
 
 def _matches(pub: _Published, comp: Compression) -> str | None:
-    """None when ``pub`` does not apply to ``comp``, else a remark for the note ('' if exact)."""
+    """None when ``pub`` does not apply to ``comp``, else a remark for the note ('' if exact).
+
+    The keys the profile names (``quality_keys``) must equal the published ones wherever the
+    paper states them; a profile without a budget is matched on those keys alone, one with a
+    budget (``quality_budget``) also on its KV size, within ±10 %.
+    """
     if pub.profile != comp.name:
         return None
-    if comp.name == "quant":
-        k, v = comp.param("k"), comp.param("v")
-        same = (k, v, comp.param("group"), comp.param("residual")) == (
-            pub.bits,
-            pub.bits,
-            pub.group,
-            pub.residual,
-        )
-        return "" if same else None
-    if pub.window is not None and comp.param("window") != pub.window:
-        return None
-    kept = _kept(comp)
-    if kept is None or pub.size is None or not _near(kept[0], pub.size):
+    for key, value in comp.quality_keys().items():
+        stated = getattr(pub, key)
+        if stated is not None and stated != value:
+            return None
+    kept = comp.quality_budget()
+    if kept is None:
+        return "" if pub.size is None else None
+    if pub.size is None or not _near(kept[0], pub.size):
         return None
     if kept[0] == pub.size:
         return ""
@@ -573,10 +507,9 @@ def _primary_key(point: QualityPoint) -> tuple[bool, bool, int]:
 
 def quality_points(comp: Compression) -> list[QualityPoint]:
     """Every published point that applies to ``comp``'s configuration, the primary one first."""
-    if comp.name == "none":
-        return [_NONE_POINT]
-    if comp.name == "moe-nd":
-        return [_MOE_ND_POINT] if _moe_nd_ratio(comp) <= 14 + 1e-9 else []
+    fixed = comp.fixed_quality_points()
+    if fixed is not None:
+        return fixed
     points = []
     for pub in _PUBLISHED:
         remark = _matches(pub, comp)
@@ -614,33 +547,15 @@ def quality_reason(comp: Compression) -> str:
         more = len(points) - 1
         extra = f"; {more} more published point(s): quality_points()" if more else ""
         return points[0].note + extra
+    why = comp.no_quality_reason()
+    if why is not None:
+        return why
     text = f"no published number found for {comp.label}"
-    if comp.name == "moe-nd":
-        ratio = _moe_nd_ratio(comp)
-        return (
-            f"no published number found for {ratio:.1f}x compression: MoE-nD's abstract "
-            "(arXiv 2604.17695) reports matching the baseline at 14x, nothing beyond"
-        )
-    if comp.name in _NOT_FOUND:
-        return f"{text}: {_NOT_FOUND[comp.name]}"
-    if comp.name == "quant":
-        return (
-            f"{text}: KIVI (arXiv 2402.02750) publishes k = v = 2 or 4 bits with group 32 and "
-            "residual 128 (Tables 3 and 4, and its repo's LongBench tables), and k = v = 2 with "
-            "group 64 or 128, residual 128 (Table 5); KVQuant (arXiv 2401.18079) reports "
-            "perplexity for a different, non-uniform quantiser, not applied"
-        )
-    kept = _kept(comp)
+    kept = comp.quality_budget()
     if kept is not None:
-        extra = "; a window must equal the one the paper states" if comp.name == "snapkv" else ""
-        if comp.name == "streaming":
-            extra = (
-                "; StreamingLLM's perplexity tables (arXiv 2309.17453, Tables 1-2) have no "
-                "full-KV score"
-            )
         return (
             f"{text}: it keeps {_amount_text(kept[0])} ({kept[1]}); published points for "
             f"{comp.name} are at KV {_published_summary(comp.name)}, and kvsim applies one only "
-            f"within ±10 % of its size{extra}"
+            f"within ±10 % of its size{comp.budget_note}"
         )
     return text

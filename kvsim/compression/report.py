@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvsim.compression.profiles import Compression
+from kvsim.compression.base import Compression
 from kvsim.compression.quality import quality, quality_reason
 from kvsim.compression.sizing import bytes_per_kept_token, compressed_kv_bytes, host_kv_bytes
 from kvsim.models.sizing import kv_bytes_per_token

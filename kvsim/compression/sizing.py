@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from kvsim.compression.profiles import Compression
+from kvsim.compression.base import Compression
 from kvsim.errors import ConfigError
 from kvsim.models.dtypes import KvDtype
 from kvsim.models.sizing import attention_costs, kv_bytes_per_token, kv_heads_per_rank
@@ -94,7 +94,7 @@ def layer_bytes(
         heads = 1 if group.kind == "mla" else kv_heads_per_rank(group.num_kv_heads, tp)
         for _ in range(group.kv_layers):
             layers.append(LayerBytes(group, heads, base, base, False))
-    expected = comp.layer_count if comp.name != "auto" else None
+    expected = comp.layer_count
     if expected is not None and expected != len(layers):
         raise ConfigError(
             f"compression {comp.name}: lists {expected} layers but {spec.name} has {len(layers)} "
@@ -162,12 +162,9 @@ def _build_plan(
     per_layer = comp.layer_count is not None
     for index, lb in enumerate(layer_bytes(spec, comp, kv_dtype, tp)):
         window = lb.group.window if window_cap and lb.group.kind == "sliding" else None
-        key = (comp._keep_ratio(index) if per_layer else None, window)
+        key = (comp.keep_ratio(index) if per_layer else None, window)
         entry = classes.setdefault(key, [index, Fraction(0), Fraction(0)])
-        if comp.name == "infinigen":
-            entry[1] += Fraction(_partial_key_bytes(comp, lb))
-            continue
-        entry[1] += Fraction(lb.token_bytes)
+        entry[1] += Fraction(comp.gpu_token_bytes(lb))
         if lb.quantised:
             entry[2] += Fraction(lb.base_bytes) - Fraction(lb.token_bytes)
     return tuple(
@@ -192,16 +189,17 @@ def compressed_kv_bytes(
 ) -> int:
     """Exact bytes of one sequence's KV on one rank after compression: all layers, scales included.
 
-    ``none`` gives ``context_tokens × kv_bytes_per_token`` exactly. Quant's most recent
-    ``residual`` tokens per layer stay at the base width (KIVI's full-precision residual).
-    Infinigen counts only what stays on the GPU (its partial keys); ``host_kv_bytes`` has the
-    offloaded rest. ``auto`` answers for its largest candidate (a reservation bound).
+    ``none`` (``identity``) gives ``context_tokens × kv_bytes_per_token`` exactly. Quant's most
+    recent ``residual`` tokens per layer stay at the base width (KIVI's full-precision residual).
+    An offloaded profile (infinigen) counts only what stays on the GPU (its partial keys);
+    ``host_kv_bytes`` has the offloaded rest. A per-request choice (``auto``) answers for its
+    largest candidate (a reservation bound).
     """
-    if comp.name == "none":
+    if comp.identity:
         if context_tokens < 0:
             raise ConfigError(f"context_tokens: must be ≥ 0, got {context_tokens}")
         return context_tokens * kv_bytes_per_token(spec, kv_dtype, tp)
-    if comp.name == "auto":
+    if comp.per_request_choice:
         return max(
             compressed_kv_bytes(spec, c, context_tokens, kv_dtype, tp, generated_tokens, window_cap)
             for c in comp.candidates
@@ -218,19 +216,6 @@ def compressed_kv_bytes(
     return math.ceil(total)
 
 
-def _partial_key_bytes(comp: Compression, lb: LayerBytes) -> float:
-    """Infinigen's GPU-resident partial key per token: ``partial`` of the key dims, base width.
-
-    For MLA the partial slice is taken of the latent (our reconstruction: InfiniGen was built for
-    multi-head attention).
-    """
-    g = lb.group
-    dims = g.kv_lora_rank + g.qk_rope_head_dim if g.kind == "mla" else g.head_dim_k
-    total_dims = dims if g.kind == "mla" else g.head_dim_k + g.head_dim_v
-    per_element = lb.base_bytes / (lb.heads * total_dims)
-    return lb.heads * math.ceil(comp.param("partial") * dims) * per_element
-
-
 def bytes_per_kept_token(
     spec: ModelSpec, comp: Compression, kv_dtype: str | KvDtype = "bf16", tp: int = 1
 ) -> float:
@@ -242,19 +227,18 @@ def bytes_per_kept_token(
     left out (they add ``min(n, residual) × (base − token bytes)`` per layer; use
     ``compressed_kv_bytes`` for the exact figure). Infinigen: its partial key per token.
     """
-    if comp.name == "none":
+    if comp.identity:
         return float(kv_bytes_per_token(spec, kv_dtype, tp))
-    if comp.name == "auto":
+    if comp.per_request_choice:
         return max(bytes_per_kept_token(spec, c, kv_dtype, tp) for c in comp.candidates)
     layers = layer_bytes(spec, comp, kv_dtype, tp)
-    if comp.name == "infinigen":
-        return sum(_partial_key_bytes(comp, lb) for lb in layers)
     if comp.layer_count is None:
-        return float(sum(lb.token_bytes for lb in layers))
+        return float(sum(comp.gpu_token_bytes(lb) for lb in layers))
     # exact arithmetic, so the weighted mean of equal widths is that width, not one ulp above
-    keeps = [comp._keep_ratio(i) for i in range(len(layers))]
+    keeps = [comp.keep_ratio(i) for i in range(len(layers))]
     total = sum(
-        (k * Fraction(lb.token_bytes) for k, lb in zip(keeps, layers, strict=True)), Fraction(0)
+        (k * Fraction(comp.gpu_token_bytes(lb)) for k, lb in zip(keeps, layers, strict=True)),
+        Fraction(0),
     )
     return float(total * len(keeps) / sum(keeps, Fraction(0)))
 
@@ -329,16 +313,18 @@ def _q_heads(group: LayerGroup, tp: int) -> int:
 def compression_work(
     spec: ModelSpec, comp: Compression, kv_dtype: str | KvDtype = "bf16", tp: int = 1
 ) -> CompressionWork:
-    """The work ``comp`` adds to serving ``spec`` on one rank (see ``CompressionWork``)."""
-    if comp.name == "auto":
-        raise ConfigError("compression auto: choose a candidate first (kvsim.compression.choose)")
+    """The work ``comp`` adds to serving ``spec`` on one rank (see ``CompressionWork``): the
+    profile's own (``add_layer_work``), quantising and dequantising wherever ``layer_bits``
+    narrows a layer, and an offloaded profile's host-link traffic (it reads full-width tokens
+    fetched from CPU DRAM)."""
+    if comp.per_request_choice:
+        raise ConfigError(
+            f"compression {comp.name}: choose a candidate first (kvsim.compression.choose)"
+        )
     layers = layer_bytes(spec, comp, kv_dtype, tp)
     base_total = sum(lb.base_bytes for lb in layers)
-    read_bytes = (
-        base_total if comp.name == "infinigen" else bytes_per_kept_token(spec, comp, kv_dtype, tp)
-    )
+    read_bytes = base_total if comp.offloaded else bytes_per_kept_token(spec, comp, kv_dtype, tp)
     work: dict[str, float] = {"kv_read_bytes_per_read_token": read_bytes}
-    notes: list[str] = []
 
     def add(key: str, value: float) -> None:
         work[key] = work.get(key, 0.0) + value
@@ -347,18 +333,7 @@ def compression_work(
         g = lb.group
         q_heads = _q_heads(g, tp)
         key_dims = g.kv_lora_rank + g.qk_rope_head_dim if g.kind == "mla" else g.head_dim_k
-        if comp.name == "snapkv":
-            add("score_flops_per_prompt_token", q_heads * 2.0 * comp.param("window") * key_dims)
-            add("select_items_per_prompt_token", lb.heads)
-        elif comp.name in ("lkv", "kvp") or (comp.name == "moe-nd" and comp._keep_ratio(index) < 1):
-            add("select_items_per_prompt_token", lb.heads)
-        elif comp.name == "h2o":
-            add("score_flops_per_read_token", q_heads)
-            add("select_items_per_read_token", lb.heads)
-        elif comp.name == "infinigen":
-            partial = math.ceil(comp.param("partial") * key_dims)
-            add("speculate_flops_per_context_token", q_heads * 2.0 * partial)
-            add("select_items_per_context_token", q_heads)
+        comp.add_layer_work(add, index, lb, q_heads, key_dims)
         if lb.quantised:
             elements = (
                 g.kv_lora_rank + g.qk_rope_head_dim
@@ -367,11 +342,7 @@ def compression_work(
             )
             add("quant_bytes_per_token", lb.base_bytes + lb.token_bytes)
             add("dequant_flops_per_read_token", 2.0 * elements)
-    if comp.name == "infinigen":
+    if comp.offloaded:  # every token read is fetched, every new one written back
         work["host_bytes_per_read_token"] = base_total
         work["host_bytes_per_new_token"] = base_total
-    if comp.name in ("lkv", "kvp"):
-        notes.append(f"{comp.name}: the learned scorer's cost is not published; priced at 0")
-    if comp.name == "moe-nd":
-        notes.append("moe-nd: the eviction scorer's cost is not published; priced at 0")
-    return CompressionWork(**work, notes=tuple(notes))
+    return CompressionWork(**work, notes=comp.work_notes)

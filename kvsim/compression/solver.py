@@ -37,7 +37,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from kvsim.compression.profiles import LayerConfig
+from kvsim.compression.base import LayerConfig
 from kvsim.errors import ConfigError
 from kvsim.textio import parse_toml, read_utf8
 
