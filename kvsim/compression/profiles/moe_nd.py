@@ -4,8 +4,9 @@ Sun et al., arXiv 2604.17695: per-layer eviction ratio and K/V bit widths under 
 budget. The experts come from a table (``table=PATH``), from our reconstruction of its greedy
 solver (``budget=RATIO``, over ``sensitivity=PATH`` or a synthetic table of ``n_layers``), or
 are listed (``layers=…``, the canonical form the others resolve to). A prompt-only profile:
-``⌈keep_l · prompt⌉`` plus every generated token. The eviction scorer's cost is not published
-(priced at 0); layers that drop tokens select per KV head after prefill.
+``⌈keep_l · prompt⌉`` plus every generated token; a one-entry list applies to every layer. The
+eviction scorer's cost is not published (priced at 0); layers that drop tokens select per KV
+head after prefill.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ class MoEnD(Compression):
 
     @property
     def layer_count(self) -> int | None:
-        return len(self.layer_configs)
+        count = len(self.layer_configs)
+        return count if count > 1 else None  # one entry applies to every layer
 
     def _layer_config(self, layer: int) -> LayerConfig:
         return pick(self.layer_configs, layer, self.name, "layers")
