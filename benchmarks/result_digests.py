@@ -77,7 +77,9 @@ def _cases() -> dict[str, Any]:
     cases["model/deepseek-mla"] = dataclasses.replace(
         cfg("sharegpt", 100, tp=8), model="deepseek-v3", hardware="h200-sxm"
     )
-    cases["model/jamba-hybrid"] = dataclasses.replace(cfg("sharegpt", 150, tp=2), model="jamba-v0.1")
+    cases["model/jamba-hybrid"] = dataclasses.replace(
+        cfg("sharegpt", 150, tp=2), model="jamba-v0.1"
+    )
     for router in builtin_router_names():
         cases[f"router/{router}"] = cfg("sharegpt", 400, replicas=4, router=router)
     cases["router/llm-d-refresh"] = cfg(
@@ -191,8 +193,11 @@ def main() -> int:
         before = json.load(f)
     differ = [n for n in names if n in before and before[n] != digests[n]]
     missing = [n for n in names if n not in before]
+    parts = ("requests", "timeline", "summary")
     for n in differ:
-        print(f"DIFFERS {n}: {before[n]} -> {digests[n]}")
+        old, new = before[n].split("-"), digests[n].split("-")
+        which = [p for p, x, y in zip(parts, old, new, strict=False) if x != y]
+        print(f"DIFFERS {n} ({', '.join(which) or 'error'}): {before[n]} -> {digests[n]}")
     for n in missing:
         print(f"NEW     {n}: {digests[n]}")
     print(f"{len(names) - len(differ) - len(missing)} identical, {len(differ)} differ")
