@@ -820,7 +820,7 @@ def profile_seeds() -> list[dict]:
 
 def _measured_tables() -> dict[str, Any]:
     """A [measured] table in the shape `kvsim calibrate` writes (synthetic numbers)."""
-    from kvsim.hardware.measured import gemm_shapes
+    from kvsim.costmodel.shapes import gemm_shapes
     from kvsim.models import load_model
 
     model = load_model("qwen2.5-0.5b")
@@ -851,8 +851,8 @@ PROFILE_KEYS = ["name", "description", "gpus_per_node", "gpu_usd_per_hour",
 
 
 def run_profile(path: Path, opts: dict[str, Any]) -> None:
+    from kvsim.costmodel import TransferModel, make_cost_model
     from kvsim.hardware import load_profile
-    from kvsim.hardware.measured import TransferModel, make_cost_model
     from kvsim.models import load_model
 
     profile = load_profile(path)
@@ -886,8 +886,8 @@ MODEL_KEYS = ["name", "hf_config", "hidden_size", "num_layers", "num_attention_h
 def run_model(path: Path, opts: dict[str, Any]) -> None:
     """`kvsim size --model FILE`: read the model, then size it on a shipped profile."""
     from kvsim.capacity import node_tier_capacity, profile_capacity_report
+    from kvsim.costmodel import make_cost_model
     from kvsim.hardware import load_profile
-    from kvsim.hardware.measured import make_cost_model
     from kvsim.models import load_model
 
     spec = load_model(str(path))

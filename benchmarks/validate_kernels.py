@@ -62,9 +62,9 @@ from kvsim.calibrate.vidur import (
     read_attention,
     read_mlp,
 )
+from kvsim.costmodel import RooflineCostModel
+from kvsim.costmodel.kernels import ELEMENTWISE_KERNELS_PER_LAYER, elementwise_bytes_per_token
 from kvsim.hardware import load_profile
-from kvsim.hardware.costmodel import RooflineCostModel
-from kvsim.hardware.kernels import ELEMENTWISE_KERNELS_PER_LAYER, elementwise_bytes_per_token
 from kvsim.hardware.profile import AllReduceAlgorithm
 from kvsim.models import load_model, tp_degrees
 from kvsim.models.catalog import model_names

@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from test_measured import TINY
 
 from kvsim.calibrate import NEEDS_TORCH, calibrate, run_calibration
+from kvsim.costmodel import make_cost_model
 from kvsim.errors import KvsimError
 from kvsim.hardware import load_profile
-from kvsim.hardware.measured import make_cost_model
 from kvsim.models import load_model
 
 
@@ -209,7 +209,7 @@ def test_mla_is_timed_kernel_by_kernel_without_a_forward_check(tmp_path: Path) -
 
 # -- --quick on any catalog model: bounded shapes, bounded memory, progress ---------------------
 def _dense_catalog() -> list[str]:
-    from kvsim.hardware.measured import supported
+    from kvsim.costmodel.shapes import supported
     from kvsim.models import model_names
 
     return [n for n in model_names() if supported(load_model(n)) is None]
@@ -224,7 +224,7 @@ def test_quick_shapes_of_every_catalog_model_fit_the_memory_budget() -> None:
     MHA models (phi-2, internlm-20b: 5x the KV bytes per token of llama-3.1-8b's proxy) time
     shorter decode contexts, the GQA ones the whole sweep."""
     from kvsim.calibrate.plan import budget_for, estimate_bytes, make_plan, plan_calibration
-    from kvsim.hardware.measured import gemm_shapes
+    from kvsim.costmodel.shapes import gemm_shapes
     from kvsim.models import tp_degrees
 
     full = make_plan("cpu", quick=True)
@@ -335,7 +335,7 @@ def test_largest_catalog_model_calibrates_on_a_proxy_and_prices_the_real_model(
     pytest.importorskip("torch", reason="PyTorch is not installed: pip install 'kvsim[calibrate]'")
     from kvsim.calibrate.run import calibrate as run
     from kvsim.calibrate.write import profile_toml
-    from kvsim.hardware.measured import gemm_shapes
+    from kvsim.costmodel.shapes import gemm_shapes
 
     name = max(_dense_catalog(), key=lambda n: load_model(n).num_params)
     assert name == "llama-3.1-405b"

@@ -13,9 +13,9 @@ import pytest
 
 from kvsim.calibrate.vidur_import import thin, two_per_octave
 from kvsim.cli import main
+from kvsim.costmodel import MeasuredCostModel, make_cost_model
+from kvsim.costmodel.kernels import allreduce_s
 from kvsim.hardware import load_profile
-from kvsim.hardware.kernels import allreduce_s
-from kvsim.hardware.measured import MeasuredCostModel, make_cost_model
 from kvsim.models import load_model
 
 DATA = Path(__file__).resolve().parent / "data" / "vidur"

@@ -19,10 +19,10 @@ from kvsim.calibrate.kernel_fit import (
     fit_kernels,
     predict_allreduce,
 )
+from kvsim.costmodel.kernels import allreduce_s, blend
+from kvsim.costmodel.roofline import RooflineCostModel, compute_dtype_for
 from kvsim.engine import EngineConfig, simulate
 from kvsim.hardware import load_profile
-from kvsim.hardware.costmodel import RooflineCostModel, compute_dtype_for
-from kvsim.hardware.kernels import allreduce_s, blend
 from kvsim.hardware.profile import AllReduceAlgorithm
 from kvsim.models import load_model
 
@@ -89,7 +89,7 @@ def test_fp8_weights_compute_at_the_fp8_peak_where_the_gpu_has_one() -> None:
 
 def test_rates_take_the_dtype_peak_else_bf16_else_the_largest() -> None:
     """A CPU calibrated in fp32 writes a profile whose only peak is fp32's: no KeyError."""
-    from kvsim.hardware.kernels import KernelRates
+    from kvsim.costmodel.kernels import KernelRates
 
     base = load_profile("h100-sxm")
     peaks = base.gpu.peak_flops_per_s

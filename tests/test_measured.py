@@ -8,18 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvsim.costmodel import MeasuredCostModel, RooflineCostModel, TransferModel, make_cost_model
+from kvsim.costmodel.interpolate import RateCurve, RateGrid
+from kvsim.costmodel.kernels import allreduce_s
+from kvsim.costmodel.shapes import gemm_shapes
 from kvsim.errors import ConfigError
 from kvsim.hardware import load_profile, validate_profile
-from kvsim.hardware.costmodel import RooflineCostModel
-from kvsim.hardware.kernels import allreduce_s
-from kvsim.hardware.measured import (
-    MeasuredCostModel,
-    RateCurve,
-    RateGrid,
-    TransferModel,
-    gemm_shapes,
-    make_cost_model,
-)
 from kvsim.models import load_model, parse_model
 from kvsim.tomlwrite import dumps
 
@@ -192,8 +186,8 @@ def test_beyond_the_tables_each_family_is_the_roofline_models_kernel_terms(tiny)
     """Over a decade outside the measured range the measured model prices every family with
     the KernelRates terms RooflineCostModel uses (floors, soft ridge, attention and elementwise
     efficiencies), so the two agree where nothing was measured."""
-    from kvsim.hardware.costmodel import model_elementwise_bytes_per_token
-    from kvsim.hardware.kernels import ELEMENTWISE_KERNELS_PER_LAYER, KernelRates
+    from kvsim.costmodel.kernels import ELEMENTWISE_KERNELS_PER_LAYER, KernelRates
+    from kvsim.costmodel.roofline import model_elementwise_bytes_per_token
 
     profile = _profile(tiny, 2.0)
     cost = make_cost_model(tiny, profile)

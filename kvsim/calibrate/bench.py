@@ -43,7 +43,7 @@ from kvsim.calibrate.ops import (
     randn,
     rope_tables,
 )
-from kvsim.hardware.measured import GemmShape
+from kvsim.costmodel.shapes import GemmShape
 
 MiB = 1 << 20
 

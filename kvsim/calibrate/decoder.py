@@ -27,8 +27,8 @@ from kvsim.calibrate.ops import (
     rope_tables,
 )
 from kvsim.calibrate.plan import Batch
+from kvsim.costmodel.shapes import supported
 from kvsim.errors import ConfigError
-from kvsim.hardware.measured import supported
 from kvsim.models import ModelSpec
 
 

@@ -1,4 +1,4 @@
-"""Fit the kernel terms of kvsim.hardware.kernels to measured kernel times.
+"""Fit the kernel terms of kvsim.costmodel.kernels to measured kernel times.
 
 Each fit minimises the mean squared log error (a 10 % miss on a 10 us kernel weighs as much as on
 a 10 ms one) with Nelder-Mead over log-parameters, so every parameter stays positive. Callers
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.hardware.kernels import blend
+from kvsim.costmodel.kernels import blend
 from kvsim.hardware.profile import AllReduceAlgorithm
 
 

@@ -15,7 +15,7 @@ to the model's shapes, family by family, by exact ratios of work:
 - attention by the ratio of heads (KV and query heads divide together, so both the FLOPs and the
   KV bytes scale by it);
 - the elementwise work by the ratio of bytes it moves per token
-  (``kvsim.hardware.measured.elementwise_bytes_per_token``).
+  (``kvsim.costmodel.shapes.elementwise_bytes_per_token``).
 
 Per-call fixed costs (a few microseconds on a CPU) are scaled too, which overstates the smallest
 elementwise and attention calls of a proxied model; next to its GEMMs (milliseconds a layer)
@@ -35,7 +35,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from kvsim.hardware.measured import elementwise_bytes_per_token, gemm_shapes
+from kvsim.costmodel.shapes import elementwise_bytes_per_token, gemm_shapes
 from kvsim.models import ModelSpec, kv_heads_per_rank
 
 MiB = 1 << 20

@@ -13,7 +13,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from kvsim.calibrate.run import Calibration
-from kvsim.hardware.measured import MeasuredCostModel, TransferModel, _pairs
+from kvsim.costmodel import MeasuredCostModel, TransferModel
+from kvsim.costmodel.pairs import causal_pairs as _pairs
 from kvsim.models import ModelSpec
 
 

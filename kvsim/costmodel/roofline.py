@@ -6,7 +6,7 @@ An iteration runs its kernels one after another, so its time is the sum of their
     t = t_gemm + t_elementwise + t_attention + t_allreduce + t_iteration_overhead
 
 - t_gemm: the weight matmuls (2 x active parameters FLOPs per token, every weight byte read once
-  per iteration), one fixed cost per kernel plus the soft roofline of kvsim.hardware.kernels;
+  per iteration), one fixed cost per kernel plus the soft roofline of kvsim.costmodel.kernels;
 - t_elementwise: norms, RoPE, activation, residual adds and the KV write, memory-bound passes
   over each token's activations, with their own bandwidth efficiency and fixed cost per kernel;
 - t_attention: per layer, a fixed cost plus the soft roofline of the (query, key) pair FLOPs at
@@ -19,7 +19,7 @@ An iteration runs its kernels one after another, so its time is the sum of their
 FLOPs run at the peak of the compute dtype: FP8 weights on a GPU with FP8 tensor cores run
 W8A8 at the FP8 peak (vLLM's FP8 path on Hopper and later), anything else at the BF16 peak.
 Measured tables from calibration replace this model when a profile carries them
-(``kvsim.hardware.measured.make_cost_model``).
+(``kvsim.costmodel.make_cost_model``).
 """
 
 from __future__ import annotations
@@ -28,12 +28,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.hardware.kernels import (
+from kvsim.costmodel.chunked_prefill import ChunkedPrefill
+from kvsim.costmodel.kernels import (
     ELEMENTWISE_KERNELS_PER_LAYER,
     KernelRates,
     as_float,
     elementwise_bytes_per_token,
 )
+from kvsim.costmodel.pairs import windowed_pairs
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec, attention_costs, linear_flops_per_token, weight_bytes
 from kvsim.models.dtypes import weight_dtype_bytes
@@ -47,49 +49,6 @@ class _Group:
     flops_per_pair: float  # decode form (MLA: absorbed latent attention)
     prefill_flops_per_pair: float  # prefill form (MLA: decompressed heads)
     state_bytes_per_seq: float
-
-
-class ChunkedPrefill:
-    """`prefill_time_s` for any cost model that prices one iteration."""
-
-    _alone: dict[tuple[int, int, int | None], float] | None = None  # prefill_time_s memo
-
-    def iteration_time_s(
-        self, prefill: list[tuple[int, int]], decode_contexts: list[int] | np.ndarray
-    ) -> float:
-        raise NotImplementedError
-
-    def prefill_time_s(
-        self,
-        tokens: int,
-        context: int = 0,
-        chunk: int | None = None,
-        decode_contexts: np.ndarray | None = None,
-    ) -> float:
-        """Seconds to prefill `tokens` after `context` in chunks of at most `chunk`: alone, or
-        beside a batch of decoding sequences (`decode_contexts`) that share every iteration's
-        token budget and time. Alone it is a pure function of its arguments, and a queued
-        request's load-or-recompute choice asks it the same questions at every look: memoised."""
-        if decode_contexts is None:
-            memo = self._alone
-            if memo is None or len(memo) > 1 << 16:
-                memo = self._alone = {}
-            key = (tokens, context, chunk)
-            seconds = memo.get(key)
-            if seconds is None:
-                seconds = memo[key] = self._chunked_s(tokens, context, chunk, np.zeros(0))
-            return seconds
-        return self._chunked_s(tokens, context, chunk, decode_contexts)
-
-    def _chunked_s(self, tokens: int, context: int, chunk: int | None, decode: np.ndarray) -> float:
-        chunk = max((chunk or tokens) - len(decode), 1)
-        total = 0.0
-        done = 0
-        while done < tokens:
-            n = min(chunk, tokens - done)
-            total += self.iteration_time_s([(n, context + done)], decode)
-            done += n
-        return total
 
 
 def compute_dtype_for(weight_dtype: str, profile: HardwareProfile) -> str:
@@ -115,7 +74,7 @@ def gemm_kernels_per_iteration(model: ModelSpec) -> int:
 
 
 def model_elementwise_bytes_per_token(model: ModelSpec, tp: int, dtype_bytes: float) -> float:
-    """Elementwise bytes per token over all layers (kvsim.hardware.kernels), per rank."""
+    """Elementwise bytes per token over all layers (kvsim.costmodel.kernels), per rank."""
     g = model.layer_groups[0]
     heads = max(1, g.num_heads // tp) if g.num_heads else 0
     if g.kind == "mla":
@@ -138,7 +97,7 @@ def model_elementwise_bytes_per_token(model: ModelSpec, tp: int, dtype_bytes: fl
 class RooflineCostModel(ChunkedPrefill):
     """Turns a batch (prefill chunks with their context, decode contexts) into seconds."""
 
-    kind = "roofline"  # kvsim.hardware.measured.MeasuredCostModel says "measured"
+    kind = "roofline"  # kvsim.costmodel.measured.MeasuredCostModel says "measured"
     reason = "datasheet roofline"  # why this model was chosen, for the run summary
 
     def __init__(
@@ -222,7 +181,7 @@ class RooflineCostModel(ChunkedPrefill):
         for g in self.groups:
             if g.window and context + new > g.window:
                 # each query i attends min(context + i + 1, window) keys
-                pairs = _windowed_pairs(context, new, g.window)
+                pairs = windowed_pairs(context, new, g.window)
                 read = min(context, g.window)
             else:
                 pairs = new * context + new * (new + 1) / 2
@@ -345,11 +304,3 @@ class RooflineCostModel(ChunkedPrefill):
         base += pairs_within * prefill_pair / r.attention_flops_per_s
         per_position = block_size * block_size * prefill_pair / r.attention_flops_per_s
         return base, per_position
-
-
-def _windowed_pairs(context: int, new: int, window: int) -> float:
-    """Sum over i in [0, new) of min(context + i + 1, window)."""
-    # queries whose attended span is still growing: context + i + 1 < window
-    growing = max(0, min(new, window - context - 1))
-    pairs = growing * (context + 1) + growing * (growing - 1) / 2
-    return pairs + (new - growing) * window
