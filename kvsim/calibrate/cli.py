@@ -13,6 +13,7 @@ from typing import TextIO
 
 import click
 
+from kvsim.atomic import WriteError, check_writable, os_reason, write_file
 from kvsim.errors import ConfigError, KvsimError
 
 NEEDS_TORCH = "kvsim calibrate needs PyTorch: pip install 'kvsim[calibrate]'"
@@ -124,6 +125,7 @@ def run_calibration(
     if out.suffix != ".toml":
         raise ConfigError(f"--out: expected a .toml path, got {out}")
     model = load_model(model_name)
+    _check_out(out, overwrite=True)  # before minutes of measuring
     base_profile = None
     if device == "cuda":
         if not torch.cuda.is_available():
@@ -152,13 +154,39 @@ def run_calibration(
         log=log,
         progress=progress,
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(profile_toml(result.profile), encoding="utf-8")
-    profile = validate_profile(out)
+    profile = write_file(
+        out,
+        profile_toml(result.profile),
+        what="the profile",
+        make_parents=True,
+        check=validate_profile,
+    )
     if log:
         log("report and plots")
-    paths = write_report(result, model, out)
+    try:
+        paths = write_report(result, model, out)
+    except OSError as exc:
+        raise WriteError(
+            f"{out.with_suffix('.report.md')}: cannot write the report (the profile {out} is "
+            f"written): {os_reason(exc)}"
+        ) from None
     return result, profile, paths
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    """One WriteError line, before any work, when the profile cannot be written to `out`: a
+    folder there, a file there without --overwrite, a folder (or the nearest one that exists,
+    where the missing ones will be made) that cannot be written. Creates nothing."""
+    if out.is_dir():
+        raise WriteError(f"--out {out}: is a folder; give a profile file such as NAME.toml")
+    if not overwrite and out.exists():
+        raise WriteError(f"--out {out}: already exists; pass --overwrite to replace it")
+    folder = out.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise WriteError(f"--out {out}: {folder} is a file, not a folder")
+    check_writable(folder, "the profile")
 
 
 class _MeasureByDefault(click.Group):
@@ -278,6 +306,7 @@ def measure(
 @click.option("--gpu", default=None, help="Vidur's GPU folder when FOLDER holds several.")
 @click.option("--commit", default=None, help="Vidur commit the CSVs come from (provenance).")
 @click.option("--note", default=None, help="A line of provenance to keep with the tables.")
+@click.option("--overwrite", is_flag=True, help="Replace the profile already at --out.")
 def import_vidur_command(
     folder: Path,
     model_name: str,
@@ -287,11 +316,20 @@ def import_vidur_command(
     gpu: str | None,
     commit: str | None,
     note: str | None,
+    overwrite: bool,
 ) -> None:
     """Write a measured profile from Vidur's profiling CSVs (FOLDER: Vidur's data/profiling, or
     a folder holding mlp.csv, attention.csv, all_reduce.csv). Gaps come from the roofline."""
     imported, profile = import_vidur_profile(
-        folder, model_name, tp, out, base=base, gpu=gpu, commit=commit, note=note
+        folder,
+        model_name,
+        tp,
+        out,
+        base=base,
+        gpu=gpu,
+        commit=commit,
+        note=note,
+        overwrite=overwrite,
     )
     click.echo(f"wrote {out} ({profile.name}: {imported.base} + Vidur tables, tp={tp})")
     filled = ", ".join(imported.filled) or "nothing"
@@ -310,16 +348,20 @@ def import_vidur_profile(
     gpu: str | None = None,
     commit: str | None = None,
     note: str | None = None,
+    overwrite: bool = False,
 ):
     """``kvsim calibrate import-vidur`` as a Python call: (Imported, the validated profile).
-    Nothing is written unless the whole profile validates."""
-    from kvsim.calibrate.vidur_import import GPU_PROFILES, import_vidur, locate, write_atomically
+    Nothing is written unless the whole profile validates; a profile already at `out` is
+    replaced only with `overwrite`. A place that cannot be written is refused before the CSVs
+    are read."""
+    from kvsim.calibrate.vidur_import import GPU_PROFILES, import_vidur, locate
     from kvsim.hardware import load_profile, validate_profile
     from kvsim.hardware.registry import profile_path
     from kvsim.models import load_model
 
     if out.suffix != ".toml":
         raise ConfigError(f"--out: expected a .toml path, got {out}")
+    _check_out(out, overwrite)
     model = load_model(model_name)
     if base is None:
         base = GPU_PROFILES.get(locate(folder, model, gpu, None).gpu or "")
@@ -341,7 +383,14 @@ def import_vidur_profile(
         commit=commit,
         note=note,
     )
-    profile = write_atomically(out, imported.text, validate_profile)
+    profile = write_file(
+        out,
+        imported.text,
+        what="the profile",
+        overwrite=overwrite,
+        make_parents=True,
+        check=validate_profile,
+    )  # whole, and only once the profile validates
     return imported, profile
 
 

@@ -108,6 +108,8 @@ def plot_mrc(results: list[ReplayResult], path: str | Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from kvsim.atomic import write_file
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(r.policy for r in results):
         rows = sorted((r.capacity, r.hit_ratio) for r in results if r.policy == name)
@@ -120,10 +122,8 @@ def plot_mrc(results: list[ReplayResult], path: str | Path, title: str) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise ConfigError(f"--plot {path}: cannot write: {exc.strerror or exc}") from None
+    try:  # whole or not at all (the temporary keeps the suffix savefig reads the format from)
+        write_file(Path(path), lambda tmp: fig.savefig(tmp, dpi=120), what="the plot")
     finally:
         plt.close(fig)
 

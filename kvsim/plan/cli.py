@@ -10,23 +10,24 @@ from pathlib import Path
 
 import click
 
+from kvsim.atomic import AtomicFolder
 from kvsim.errors import ConfigError, KvsimError
 
 EXECUTORS = ("serial", "local", "ray")
 
 
-def _out_folder(out: str) -> Path:
-    """--out: a new or empty folder, created now so an unwritable place fails before any run."""
-    path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"--out {out}: is a file, not a folder")
-    if path.is_dir() and any(path.iterdir()):
-        raise ConfigError(f"--out {out}: folder is not empty; choose a new or empty one")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot create the folder: {exc.strerror or exc}") from None
-    return path
+class PlanFolder(AtomicFolder):
+    """--out: a new or empty folder, reserved now (an unwritable place fails before any run) and
+    filled whole at the end: plan.json and the figures appear together or not at all."""
+
+    what = "the plan's folder"
+
+    def check_target(self) -> None:
+        out = self.out
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out {out}: is a file, not a folder")
+        if self.entries():
+            raise ConfigError(f"--out {out}: folder is not empty; choose a new or empty one")
 
 
 @click.command()
@@ -114,11 +115,10 @@ def plan(
         parse_rates,
         plan_json,
         resolve_rates,
-        run_plan,
         trace_rate_per_s,
         write_plots,
     )
-    from kvsim.plan.runner import SweepRunner, serial_runner, sweep_available
+    from kvsim.plan.runner import sweep_available
     from kvsim.run import RunConfig
     from kvsim.traces import load_trace
 
@@ -165,8 +165,30 @@ def plan(
             raise
         base_per_s = math.nan  # multiples still work; requests/s is unknown
     resolved = resolve_rates(specs, base_per_s)
-    folder = _out_folder(out) if out else None
     del loaded
+    folder = PlanFolder(out) if out else None
+    try:
+        result = _search(settings, resolved, executor, jobs, ray_address, quiet)
+    except BaseException:
+        if folder is not None:
+            folder.discard()
+        raise
+    if folder is not None:
+
+        def fill(tmp: Path) -> None:
+            (tmp / "plan.json").write_text(plan_json(result, indent=2) + "\n")
+            write_plots(result, tmp)
+
+        folder.fill(fill, "cannot write the plan")
+    click.echo(plan_json(result) if as_json else format_frontier(result))
+    if folder is not None and not as_json:
+        click.echo(f"plan.json, cost_vs_rate.png and ttft_pareto.png in {folder.out}")
+
+
+def _search(settings, resolved, executor: str, jobs, ray_address, quiet: bool):
+    """Run the plan's search on the chosen executor, with progress lines on a terminal."""
+    from kvsim.plan import run_plan
+    from kvsim.plan.runner import SweepRunner, serial_runner
 
     start = time.perf_counter()
     show = not quiet and sys.stderr.isatty()
@@ -185,10 +207,4 @@ def plan(
         else SweepRunner(executor, jobs=jobs, ray_address=ray_address)
     )
     with runner_cm as runner:
-        result = run_plan(settings, resolved, runner, on_round=on_round)
-    if folder is not None:
-        (folder / "plan.json").write_text(plan_json(result, indent=2) + "\n")
-        write_plots(result, folder)
-    click.echo(plan_json(result) if as_json else format_frontier(result))
-    if folder is not None and not as_json:
-        click.echo(f"plan.json, cost_vs_rate.png and ttft_pareto.png in {folder}")
+        return run_plan(settings, resolved, runner, on_round=on_round)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from kvsim.errors import ConfigError
+from kvsim.atomic import write_file
 
 if TYPE_CHECKING:
     from kvsim.sweep.runner import ConfigResult
@@ -66,17 +66,10 @@ def flatten(summary: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def write_table(table: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
-    """Write `table` as Parquet atomically: a reader sees the old file or the whole new one."""
+    """Write `table` as Parquet atomically (`kvsim.atomic.write_file`): a reader sees the old
+    file or the whole new one; a failed write is one WriteError line naming `path`."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    try:
-        table.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise ConfigError(
-            f"{path}: cannot write the results table: {exc.strerror or exc}"
-        ) from None
+    write_file(path, lambda tmp: table.to_parquet(tmp, index=False), what="the results table")
     return path
 
 

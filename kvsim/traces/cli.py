@@ -110,6 +110,8 @@ def _plot(tr, out: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from kvsim.atomic import write_file
+
     for column in ("input_tokens", "output_tokens"):
         values = tr.table.column(column).to_numpy()
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -121,10 +123,8 @@ def _plot(tr, out: Path) -> None:
         ax.set_ylabel("requests")
         ax.set_title(f"{tr.name}: {column}")
         fig.tight_layout()
-        try:
-            fig.savefig(out / f"{column}.png", dpi=100)
-        except OSError as exc:
-            raise KvsimError(f"--plot {out}: cannot write: {exc.strerror or exc}") from None
+        try:  # each histogram whole or not at all
+            write_file(out / f"{column}.png", lambda tmp, fig=fig: fig.savefig(tmp, dpi=100))
         finally:
             plt.close(fig)
 
@@ -162,6 +162,7 @@ def convert(source, fmt, out, seed, tokenizer, skip_bad_rows) -> None:
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False))
 def synth(kind, n, seed, rate, out) -> None:
     """Generate KIND with N requests to canonical Parquet (same seed, same file)."""
+    from kvsim.atomic import write_file
     from kvsim.traces.registry import load_trace
     from kvsim.traces.schema import write_trace
 
@@ -169,8 +170,5 @@ def synth(kind, n, seed, rate, out) -> None:
         raise KvsimError(f"--requests: expected a positive integer, got {n}")
     _check_out_file(Path(out))
     tr = load_trace(kind, max_requests=n, seed=seed, rate=rate)
-    try:
-        write_trace(tr, out)
-    except OSError as exc:
-        raise KvsimError(f"{out}: cannot write: {exc.strerror or exc}") from None
+    write_file(Path(out), lambda tmp: write_trace(tr, tmp), what="the trace")  # whole or not at all
     click.echo(f"wrote {len(tr):,} {kind} requests (seed {seed}) to {out}")

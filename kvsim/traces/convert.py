@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from kvsim.atomic import check_writable, write_file
 from kvsim.errors import KvsimError
 from kvsim.traces.common import Chunked, Requests
 from kvsim.traces.schema import (
@@ -30,21 +31,23 @@ def convert_to_parquet(source: Chunked | Trace, out: str | Path) -> tuple[int, i
     """Write `source` as a canonical Parquet file; returns (requests written, rows skipped).
 
     An output path that cannot be written (a missing folder, no permission) is a one-line
-    KvsimError, checked before any source row is read.
+    KvsimError, checked before any source row is read. The file is written beside `out` and
+    renamed onto it when complete (`kvsim.atomic.write_file`): a failed or killed conversion
+    leaves any earlier `out` as it was, and no half-written file under its name.
     """
     out = Path(out)
     if not out.parent.is_dir():
         raise KvsimError(f"{out}: folder {out.parent} does not exist; create it first")
     if out.is_dir():
         raise KvsimError(f"{out}: is a folder; give a file name such as trace.parquet")
-    try:
-        return _convert(source, out)
-    except OSError as exc:
-        Path(str(out) + ".partial").unlink(missing_ok=True)
-        raise KvsimError(f"{out}: cannot write: {exc.strerror or exc}") from None
+    check_writable(out.parent, "the trace")
+    counts: list[tuple[int, int]] = []
+    write_file(out, lambda tmp: counts.append(_convert(source, tmp)), what="the trace")
+    return counts[0]
 
 
 def _convert(source: Chunked | Trace, out: Path) -> tuple[int, int]:
+    """Write `source` to `out` (a temporary of `convert_to_parquet`)."""
     if isinstance(source, Trace):
         write_trace(source, out)
         return len(source), source.skipped_rows
@@ -52,8 +55,7 @@ def _convert(source: Chunked | Trace, out: Path) -> tuple[int, int]:
     schema = TRACE_SCHEMA.with_metadata(meta)
     pending = Requests.empty()
     written = 0
-    tmp = out.with_name(out.name + ".partial")
-    with pq.ParquetWriter(tmp, schema) as writer:
+    with pq.ParquetWriter(out, schema) as writer:
 
         def emit(req: Requests) -> None:
             nonlocal written
@@ -76,16 +78,12 @@ def _convert(source: Chunked | Trace, out: Path) -> tuple[int, int]:
             pending = pending.take(~ready)
         emit(pending)
     if written == 0:
-        tmp.unlink(missing_ok=True)
         raise source.no_requests()
     if source.errors.count:
         # The skipped count is known only at the end: rewrite the footer metadata.
-        table = pq.read_table(tmp)
+        table = pq.read_table(out)  # read into memory whole, then written over
         meta[META_SKIPPED] = str(source.errors.count).encode()
         pq.write_table(table.replace_schema_metadata(meta), out)
-        tmp.unlink()
-    else:
-        tmp.replace(out)
     return written, source.errors.count
 
 
