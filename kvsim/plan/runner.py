@@ -99,9 +99,9 @@ class SweepRunner:
         from kvsim.sweep import run_many
 
         results = run_many(configs, executor=self._executor, progress=False)
-        return [
-            r.summary if r.ok and r.summary is not None else {"error": r.error} for r in results
-        ]
+        # a run that completed no request is a failed configuration to a sweep, but it ran: the
+        # plan reads its summary (requests that do not complete), as from the serial runner
+        return [r.summary if r.summary is not None else {"error": r.error} for r in results]
 
     def close(self) -> None:
         self._executor.close()

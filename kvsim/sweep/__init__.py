@@ -17,11 +17,15 @@ params=None, keep_requests=False, progress=True) -> list[ConfigResult]`:
 - checks every config before running any (a `ConfigError` naming the configuration);
 - runs equal configs once; returns one `ConfigResult` per config, in the configs' order, with
   ``status`` "ok" (``summary``: the run's summary, JSON-safe, plus ``summary["sweep"]`` =
-  run_s, peak_rss_bytes, worker) or "failed" (``error``: one line; the others carry on);
-- with ``out``, writes each success to ``out/runs/<id>/`` as it finishes and skips those
-  already there (resume); without, writes nothing;
+  run_s, peak_rss_bytes, worker) or "failed" (``error``: one line; the others carry on); a
+  run that completed no request is "failed" with the reason, its ``summary`` kept;
+- with ``out``, writes each run to ``out/runs/<id>/`` as it finishes and skips those already
+  there (resume); without, writes nothing. A folder that cannot be written is one WriteError
+  line, before any run or, for a write that fails later, stopping the sweep;
 - `jobs` defaults to the CPU count; 'local' with one job runs in this process, else on a spawn
   process pool; 'ray' starts a local Ray of `jobs` CPUs, or joins `ray_address`.
+- the pool's workers never outlive the sweep: Ctrl-C, SIGTERM or SIGHUP end them with it, and
+  each worker exits by itself within a second when its parent dies (``kill -9``).
 
 `results_table(results)` is the pandas table (one row per configuration: id, status, error,
 parameters, flattened summary; see `kvsim.sweep.table`), `write_table` writes it atomically.

@@ -8,6 +8,11 @@ pay the start-up and the trace loading once); close it, or use it as a context m
 - `LocalExecutor`: ``jobs=1`` runs in this process; more uses a ``spawn`` process pool (no
   state inherited by fork, the same on every platform). A worker killed by the OS breaks the
   pool: that is a `SweepError`, and a sweep with an ``out`` folder resumes where it stopped.
+  No worker outlives the pool: Ctrl-C (which the workers ignore) and, while the pool is open in
+  the main thread, SIGTERM and SIGHUP to this process stop the workers before this process
+  ends (exit status 128 + the signal); and each worker watches its parent from its first
+  moment, exiting by itself within half a second when the parent is gone (``kill -9``, a
+  crash; `kvsim.workerguard`), so nothing goes on computing for nobody.
 - `RayExecutor`: one Ray task per configuration, one CPU each. Without an address it starts a
   local Ray with ``num_cpus = jobs`` (and shuts it down on close); with one it connects to that
   cluster, where kvsim and the traces must be installed on every node. Results come back to
@@ -19,6 +24,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -27,8 +34,11 @@ from typing import Any
 
 from kvsim.errors import KvsimError
 from kvsim.sweep.worker import Task, TaskResult, one_line, run_task
+from kvsim.workerguard import init_worker
 
 EXECUTORS = ("local", "ray")
+#: Signals that stop the pool with this process, when their handler is the default one.
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 class SweepError(KvsimError):
@@ -85,6 +95,7 @@ class LocalExecutor(Executor):
     def __init__(self, jobs: int) -> None:
         self.jobs = jobs
         self._pool: ProcessPoolExecutor | None = None
+        self._handlers: dict[int, Any] = {}  # signal -> the handler before ours
 
     def run(self, tasks: Sequence[Task]) -> Iterator[TaskResult]:
         if self.jobs == 1:
@@ -94,8 +105,12 @@ class LocalExecutor(Executor):
         if self._pool is None:
             context = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(
-                max_workers=self.jobs, mp_context=context, initializer=_ignore_interrupts
+                max_workers=self.jobs,
+                mp_context=context,
+                initializer=init_worker,
+                initargs=(os.getpid(),),
             )
+            self._catch_signals()
         pending = {self._pool.submit(run_task, task) for task in tasks}
         try:
             while pending:
@@ -117,6 +132,7 @@ class LocalExecutor(Executor):
 
     def _stop(self) -> None:
         """End the workers now, abandoning what they run."""
+        self._release_signals()
         if self._pool is None:
             return
         for process in list(getattr(self._pool, "_processes", {}).values()):
@@ -125,14 +141,41 @@ class LocalExecutor(Executor):
         self._pool = None
 
     def close(self) -> None:
+        self._release_signals()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
+    # -- signals -----------------------------------------------------------------------------------
+    def _catch_signals(self) -> None:
+        """While the pool is open: SIGTERM or SIGHUP to this process raises SystemExit, so the
+        workers are stopped on the way out (only in the main thread, and only where the handler
+        is the default one: a program's own handler is left alone)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in STOP_SIGNALS:
+            try:
+                if signal.getsignal(signum) == signal.SIG_DFL:
+                    self._handlers[signum] = signal.signal(signum, self._on_signal)
+            except (OSError, ValueError):
+                continue
 
-def _ignore_interrupts() -> None:
-    """Pool workers leave Ctrl-C to the parent, which stops them (no traceback per worker)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    def _release_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        while self._handlers:
+            signum, handler = self._handlers.popitem()
+            try:
+                if signal.getsignal(signum) == self._on_signal:
+                    signal.signal(signum, handler)
+            except (OSError, ValueError):
+                continue
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._release_signals()  # a second signal ends this process at once
+        name = signal.Signals(signum).name
+        sys.stderr.write(f"kvsim: {name}: stopping the worker processes\n")
+        raise SystemExit(128 + signum)
 
 
 class RayExecutor(Executor):

@@ -4,20 +4,29 @@ With an ``out`` folder each configuration that succeeds is written, as it finish
 ``out/runs/<id>/`` through `kvsim.run.ResultsFolder` (a temporary folder renamed into place,
 ``COMPLETE`` last): config.toml and summary.json, plus requests.parquet and timeline.parquet
 with ``keep_requests``. A configuration whose folder is complete is not run again but read
-back (resume). A failed configuration writes nothing, so a rerun tries it again.
+back (resume). A failed configuration writes nothing, so a rerun tries it again; one that ran
+but completed no request (`kvsim.run.nothing_completed`: `kvsim run` exits 2 for it) is written
+like a success, as `kvsim run` writes it, and recorded as failed with the reason, read back the
+same way on resume. Temporary folders of configurations killed while being written are removed
+(`kvsim.atomic.remove_stale`).
+
+Everything written goes through `kvsim.atomic`: a folder that cannot be written (read-only, a
+full disk) is one `WriteError` line, checked before any configuration runs; a write that fails
+later stops the sweep (every configuration after it would fail the same way), keeping what
+finished.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvsim.atomic import WriteError, check_writable, os_reason, remove_stale, write_file
 from kvsim.errors import ConfigError, KvsimError
-from kvsim.run import ResultsFolder, RunConfig, is_complete
+from kvsim.run import ResultsFolder, RunConfig, is_complete, nothing_completed
 from kvsim.sweep.executors import Executor, open_executor
 from kvsim.sweep.progress import SweepProgress
 from kvsim.sweep.spec import (
@@ -44,7 +53,7 @@ class ConfigResult:
     params: dict[str, Any]
     status: str  # "ok" or "failed"
     error: str | None
-    summary: dict[str, Any] | None
+    summary: dict[str, Any] | None  # also of a failed run that completed no request
     resumed: bool = False  # read back from a finished folder instead of run
     folder: Path | None = None
 
@@ -87,6 +96,8 @@ def run_many(
     runs = Path(out) / "runs" if out is not None else None
     if runs is not None:
         _make_dir(runs)
+        check_writable(runs, "the sweep's results")
+        remove_stale(runs)  # folders of configurations killed while being written
     results: dict[str, ConfigResult] = {}
     tasks: list[Task] = []
     seen: set[str] = set()
@@ -102,12 +113,14 @@ def run_many(
     bar = SweepProgress(len(results) + len(tasks), resumed=len(results), enabled=progress)
     owned = not isinstance(executor, Executor)
     pool = open_executor(executor, jobs=jobs, ray_address=ray_address) if owned else executor
+    stream = pool.run(tasks)
     try:
-        for got in pool.run(tasks):
+        for got in stream:
             result = _record(got, dict(params[got.index]), runs)
             results[result.id] = result
             bar.advance(failed=not result.ok)
     finally:
+        stream.close()  # after an exception here (Ctrl-C, a failed write): stop the workers now
         bar.close()
         if owned:
             pool.close()
@@ -135,13 +148,18 @@ def run_sweep(
         configurations = list(spec)
     out = Path(out)
     _make_dir(out)
-    (out / RESULTS_FILE).unlink(missing_ok=True)
+    check_writable(out, "the sweep's results")
+    try:
+        (out / RESULTS_FILE).unlink(missing_ok=True)
+    except OSError as exc:
+        raise WriteError(f"{out / RESULTS_FILE}: cannot remove: {os_reason(exc)}") from None
     copy = out / "spec.toml"
     if spec_file is not None and Path(spec_file).resolve() != copy.resolve():
         try:
-            shutil.copyfile(spec_file, copy)  # what the table was made from
+            text = Path(spec_file).read_bytes()
         except OSError as exc:
-            raise ConfigError(f"{copy}: cannot write: {exc.strerror or exc}") from None
+            raise ConfigError(f"{spec_file}: cannot read: {os_reason(exc)}") from None
+        write_file(copy, text, what="the copy of the spec")  # what the table was made from
     results = run_many(
         [c.config for c in configurations],
         params=[c.params for c in configurations],
@@ -162,7 +180,16 @@ def _make_dir(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot create the folder: {exc.strerror or exc}") from None
+        raise WriteError(f"{path}: cannot create the folder: {os_reason(exc)}") from None
+
+
+def _status(summary: dict[str, Any]) -> tuple[str, str | None]:
+    """("ok", None), or ("failed", why) for a run that completed no request."""
+    if not nothing_completed(summary):
+        return "ok", None
+    warnings = summary.get("run_warnings") or []
+    why = str(warnings[0]) if warnings else "no request completed"
+    return "failed", " ".join(why.split())
 
 
 def _read_finished(folder: Path, cid: str, params: dict[str, Any]) -> ConfigResult | None:
@@ -172,13 +199,15 @@ def _read_finished(folder: Path, cid: str, params: dict[str, Any]) -> ConfigResu
     try:
         summary = json.loads((folder / "summary.json").read_text())
         config = RunConfig.from_toml(folder / "config.toml")
-    except (OSError, ValueError, KvsimError):
+        status, error = _status(summary)
+    except (OSError, ValueError, KvsimError, KeyError, TypeError, AttributeError):
         return None  # damaged: run it again (ResultsFolder replaces kvsim's own files)
-    return ConfigResult(cid, config, params, "ok", None, summary, resumed=True, folder=folder)
+    return ConfigResult(cid, config, params, status, error, summary, resumed=True, folder=folder)
 
 
 def _record(got: TaskResult, params: dict[str, Any], runs: Path | None) -> ConfigResult:
-    """The result of a finished task, written to its folder first when it succeeded."""
+    """The result of a finished task, written to its folder first when it ran (a WriteError
+    when that fails stops the sweep)."""
     if got.error is not None or got.summary is None:
         return ConfigResult(got.id, got.config, params, "failed", got.error, None)
     summary = dict(got.summary)
@@ -189,12 +218,10 @@ def _record(got: TaskResult, params: dict[str, Any], runs: Path | None) -> Confi
     }
     folder = None
     if runs is not None:
-        try:
-            folder = ResultsFolder(runs / got.id, overwrite=True).write_files(
-                got.config, summary, got.tables
-            )
-        except KvsimError as exc:
-            return ConfigResult(got.id, got.config, params, "failed", str(exc), None)
+        folder = ResultsFolder(runs / got.id, overwrite=True).write_files(
+            got.config, summary, got.tables
+        )
     # what a resumed sweep reads back: the same values, through the same JSON
     summary = json.loads(json.dumps(summary))
-    return ConfigResult(got.id, got.config, params, "ok", None, summary, folder=folder)
+    status, error = _status(summary)
+    return ConfigResult(got.id, got.config, params, status, error, summary, folder=folder)
