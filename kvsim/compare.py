@@ -29,7 +29,7 @@ from typing import Any
 from kvsim.errors import ConfigError
 from kvsim.run import RunConfig
 from kvsim.sweep import Executor, run_many
-from kvsim.sweep.spec import KEY_TYPES, describe, flat_config, resolve
+from kvsim.sweep.spec import KEY_TYPES, describe, flat_config, params_of, resolve
 
 #: The figures of a row: summary key -> (column label, unit scale for the terminal).
 FIGURES: dict[str, tuple[str, float]] = {
@@ -206,8 +206,11 @@ def compare(
     """Run the grid of `vary` over `base` and return every point with its ratios to the baseline.
 
     `baseline` is settings applied to `base` (default: the grid's first point). When it equals
-    a grid point that row is the baseline; otherwise it runs too, as a last row. A failed run
-    raises ConfigError with its one-line error.
+    a grid point that row is the baseline; otherwise it runs too, as a last row. A baseline key
+    that is not varied is a column too, so each row shows its value. A value given twice (in its
+    key's type: '1' and '1.0' for a float) raises ConfigError: a repeated row says nothing. A
+    failed run, or one in which no request completed, raises ConfigError with its
+    one-line error.
     """
     if not vary:
         raise ConfigError("vary: give at least one key with a list of values")
@@ -215,16 +218,23 @@ def compare(
     for key, values in vary.items():
         if isinstance(values, str) or not values:
             raise ConfigError(f"vary {key}: expected a non-empty list of values")
+        typed = [_typed(key, v) for v in values]
+        for i, value in enumerate(typed):
+            if value in typed[:i]:
+                raise ConfigError(f"vary {key}: {values[i]!r} given twice")
     points = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*vary.values())]
     configs = [_apply(base, p) for p in points]
     base_settings = dict(baseline) if baseline else dict(points[0])
     base_config = _apply(base, base_settings)
-    params: list[dict[str, Any]] = [{k: p[k] for k in keys} for p in points]
+    # a baseline set on a key not varied gets its own column, so every row says what it ran
+    columns_of_params = keys + [k for k in base_settings if k not in keys]
+    params: list[dict[str, Any]] = [params_of(c, columns_of_params) for c in configs]
+    for row, point in zip(params, points, strict=True):
+        row.update({k: point[k] for k in keys})  # the varied values as the user wrote them
     index = next((i for i, c in enumerate(configs) if c == base_config), None)
     if index is None:
-        flat = flat_config(base_config)
         configs.append(base_config)
-        params.append({k: flat[k] for k in keys})
+        params.append(params_of(base_config, columns_of_params))
         index = len(configs) - 1
     results = run_many(configs, executor=executor, jobs=jobs, params=params, progress=progress)
     for r in results:

@@ -81,6 +81,11 @@ def _parquet(path: Path) -> pa.Table:
 def load_run(folder: str | Path) -> RunData:
     """Read a run's folder; a missing file, or no COMPLETE marker, is a ReportError naming it."""
     path = _folder(folder)
+    if (path / "runs").is_dir() and not (path / "summary.json").exists():  # a sweep cut short
+        raise ReportError(
+            f"{path / RESULTS_FILE}: missing; the sweep did not finish: run kvsim sweep again "
+            "with the same --out to finish it (what finished is resumed), then report"
+        )
     for name in RUN_FILES:
         if not (path / name).is_file():
             hint = (

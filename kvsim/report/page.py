@@ -2,7 +2,14 @@
 beside it) or one self-contained HTML file (PNGs embedded as base64).
 
 Every figure is drawn and rendered before the output folder is touched, so a run or sweep
-that cannot be read leaves nothing written.
+that cannot be read leaves nothing written; the page and its figures are then written into a
+temporary folder renamed onto the report's folder when complete (`kvsim.atomic`), so a killed
+report leaves no folder holding half of them. A report folder that already exists is replaced
+only when it holds nothing but report files.
+
+What a report cannot show is said, through ``warn``: failed configurations of a sweep (left
+out of its figures), a run in which no request completed. A sweep in which no configuration
+succeeded has nothing to draw: a `ReportError`, and nothing written.
 """
 
 from __future__ import annotations
@@ -10,13 +17,14 @@ from __future__ import annotations
 import base64
 import html as htmllib
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
 
-from kvsim.errors import KvsimError
-from kvsim.report.data import RunData, SweepData, is_sweep, load_run, load_sweep
+from kvsim.atomic import AtomicFolder, WriteError
+from kvsim.report.data import ReportError, RunData, SweepData, is_sweep, load_run, load_sweep
 from kvsim.report.run_figures import run_figures, run_label
 from kvsim.report.style import png_bytes
 from kvsim.report.sweep_figures import SWEEP_METRICS, sweep_figures
@@ -42,18 +50,28 @@ def figures(folder: str | Path) -> dict[str, Figure]:
     return run_figures(load_run(folder))
 
 
-def write_report(folder: str | Path, out: str | Path | None = None, html: bool = False) -> Path:
+def write_report(
+    folder: str | Path,
+    out: str | Path | None = None,
+    html: bool = False,
+    warn: Callable[[str], None] | None = None,
+) -> Path:
     """Write the report of a run or sweep `folder` into `out` (default ``folder/report``):
     report.md and one PNG per figure, or with `html` the single file report.html. Returns
-    the page's path."""
+    the page's path. What the report leaves out is passed to `warn`, one line each."""
+    say = warn if warn is not None else (lambda line: None)
     if is_sweep(folder):
         sweep = load_sweep(folder)
+        for line in sweep_gaps(sweep):
+            say(line)
         drawn = sweep_figures(sweep)
         title = f"Sweep report: {sweep.folder}"
         sections = [("Results", _sweep_table(sweep))]
         captions = {name: f"Against {name.removeprefix('vary_')}" for name in drawn}
     else:
         run = load_run(folder)
+        for line in run_gaps(run):
+            say(line)
         drawn = run_figures(run)
         title = f"Run report: {run.folder}"
         sections = [
@@ -63,21 +81,76 @@ def write_report(folder: str | Path, out: str | Path | None = None, html: bool =
         captions = {name: CAPTIONS.get(name, name) for name in drawn}
     images = {name: png_bytes(fig) for name, fig in drawn.items()}
     out_dir = Path(out) if out is not None else Path(folder) / REPORT_FOLDER
-    if out_dir.exists() and not out_dir.is_dir():
-        raise KvsimError(f"{out_dir}: is a file, not a folder; give a folder for the report")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+    page = out_dir / ("report.html" if html else "report.md")
+
+    def fill(tmp: Path) -> None:
         if html:
-            page = out_dir / "report.html"
-            page.write_text(_html(title, sections, images, captions))
-        else:
-            for name, data in images.items():
-                (out_dir / f"{name}.png").write_bytes(data)
-            page = out_dir / "report.md"
-            page.write_text(_markdown(title, sections, images, captions))
-    except OSError as exc:
-        raise KvsimError(f"{out_dir}: cannot write the report: {exc.strerror or exc}") from None
+            (tmp / page.name).write_text(_html(title, sections, images, captions))
+            return
+        for name, data in images.items():
+            (tmp / f"{name}.png").write_bytes(data)
+        (tmp / page.name).write_text(_markdown(title, sections, images, captions))
+
+    ReportFolder(out_dir).fill(fill, "cannot write the report")
     return page
+
+
+class ReportFolder(AtomicFolder):
+    """A report's folder: new, empty, or an earlier report (only report files in it), which
+    is replaced whole."""
+
+    what = "the report"
+
+    def __init__(self, out: str | Path) -> None:
+        super().__init__(out, overwrite=True)
+
+    def check_target(self) -> None:
+        out = self.out
+        if out.exists() and not out.is_dir():
+            raise WriteError(f"{out}: is a file, not a folder; give a folder for the report")
+        foreign = [name for name in self.entries() if not _report_file(name)]
+        if foreign:
+            raise WriteError(
+                f"{out}: holds {foreign[0]!r}, which is not a report file; give a new or empty "
+                "folder for the report (--out)"
+            )
+
+
+def _report_file(name: str) -> bool:
+    return name in ("report.md", "report.html") or name.endswith(".png")
+
+
+def run_gaps(run: RunData) -> list[str]:
+    """What a run's report cannot show, one line each (empty for a run that completed)."""
+    s = run.summary
+    if not s.get("requests") or s.get("completed"):
+        return []
+    why = (s.get("run_warnings") or ["no reason recorded"])[0]
+    return [
+        f"{run.folder}: no request completed ({' '.join(str(why).split())}); the latency and "
+        "throughput figures are empty"
+    ]
+
+
+def sweep_gaps(sweep: SweepData) -> list[str]:
+    """What a sweep's figures leave out: its failed configurations, one line each with the
+    error. A ReportError when none succeeded (nothing to draw)."""
+    table = sweep.table
+    failed = table[table["status"] != "ok"]
+    lines = [f"configuration {r['id']} failed, left out of the figures: {r['error']}"
+             for _, r in failed.iterrows()]  # fmt: skip
+    if len(failed) == len(table):
+        first = f" (first: {failed.iloc[0]['id']}: {failed.iloc[0]['error']})" if len(table) else ""
+        raise ReportError(
+            f"{sweep.folder}: no configuration succeeded, nothing to report: "
+            f"{len(failed)} of {len(table)} failed{first}"
+        )
+    if not sweep.varied:
+        lines.append(
+            "no parameter takes two values among the configurations that succeeded: the page "
+            "has the table and no figure"
+        )
+    return lines
 
 
 # -- tables ----------------------------------------------------------------------------------------

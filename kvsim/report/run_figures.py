@@ -1,7 +1,10 @@
 """The figures of one run, drawn from its requests and timeline Parquet and its summary.
 
 `run_figures` returns them by name, in the order the report shows them; `per_replica` only for
-cluster runs. Every figure says what it shows in its title and puts units on its axes.
+cluster runs: a bar per replica up to `PER_REPLICA_BARS` replicas, beyond that the spread across
+replicas (each figure sorted, with its percentiles), which reads the same at 50 replicas or
+5,000 and costs a few lines instead of thousands of labelled bars. Every figure says what it
+shows in its title and puts units on its axes.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from kvsim.units import format_bytes
 
 #: Bins of the throughput-over-time curve.
 THROUGHPUT_BINS = 100
+#: The most replicas drawn as one bar each; a larger fleet gets the spread across replicas.
+PER_REPLICA_BARS = 32
 _ATTRIBUTION = (  # (summary key, label, colour): captured first, then what was lost, and to what
     ("captured", "captured", "#2ca02c"),
     ("lost_to_routing", "lost to routing", "#ff7f0e"),
@@ -316,8 +321,11 @@ def _share(part: float, total: float) -> str:
 
 # -- replicas --------------------------------------------------------------------------------------
 def per_replica(run: RunData) -> Figure:
-    """Each replica's load: requests routed and completed, busy time, hit ratio, TTFT."""
+    """Each replica's load: requests routed and completed, busy time, hit ratio, TTFT (the
+    spread across replicas beyond `PER_REPLICA_BARS` of them)."""
     rows = run.summary.get("per_replica") or []
+    if len(rows) > PER_REPLICA_BARS:
+        return replica_spread(run)
     fig, axes = new_figure(2, 2, size=(10.0, 6.5))
     names = [
         f"r{r['replica']}" + (f"\n{r['role']}" if r.get("role") not in (None, "mixed") else "")
@@ -369,3 +377,58 @@ def per_replica(run: RunData) -> Figure:
         ax.set_xlabel("replica")
     _title(fig, "Load per replica", run.summary)
     return fig
+
+
+#: The panels of the spread across replicas: (title, y label, [(key, label, scale, colour)]).
+_SPREAD_PANELS = (
+    ("Requests routed and completed", "requests",
+     [("requests", "routed", 1.0, "#1f77b4"), ("completed", "completed", 1.0, "#2ca02c")]),
+    ("Busy time", "% of simulated time", [("busy_fraction", "busy", 100.0, "#7f7f7f")]),
+    ("Prefix hit ratio", "% of input tokens",
+     [("prefix_hit_ratio", "hit ratio", 100.0, tier_color("hbm"))]),
+    ("TTFT p50 and p99", "TTFT (ms)",
+     [("ttft_p50_s", "TTFT p50", 1000.0, "#1f77b4"),
+      ("ttft_p99_s", "TTFT p99", 1000.0, "#d62728")]),
+)  # fmt: skip
+
+
+def replica_spread(run: RunData) -> Figure:
+    """A fleet's load as the spread across its replicas: each figure's values sorted, so the
+    curve's left end is the least loaded replica, its middle the median, its right end the most
+    loaded; the legend gives the median, p99 and maximum across replicas. P/D roles get a
+    curve each."""
+    rows = run.summary.get("per_replica") or []
+    roles = list(dict.fromkeys(str(r.get("role") or "mixed") for r in rows))
+    fig, axes = new_figure(2, 2, size=(10.0, 6.5))
+    styles = ("-", "--", "-.", ":")
+    for ax, (title, ylabel, series) in zip(axes.flat, _SPREAD_PANELS, strict=True):
+        for k, role in enumerate(roles):
+            group = [r for r in rows if str(r.get("role") or "mixed") == role]
+            for key, label, scale, color in series:
+                values = np.sort(np.array([_number(r.get(key)) for r in group]) * scale)
+                values = values[~np.isnan(values)]  # a replica that served nothing has no TTFT
+                if not len(values):
+                    continue
+                share = (np.arange(len(values)) + 0.5) / len(values) * 100
+                p50, p99 = np.percentile(values, [50, 99])
+                name = label if len(roles) == 1 else f"{role}: {label}"
+                name += f": median {_short(p50)}, p99 {_short(p99)}, max {_short(values[-1])}"
+                if len(values) < len(rows):
+                    name += f" (the {len(values):,} with a value)"
+                ax.plot(share, values, color=color, ls=styles[k % len(styles)], lw=1.6, label=name)
+        if ax.lines:
+            ax.legend(loc="upper left", fontsize=9)
+            _headroom(ax, factor=1.35)
+        else:
+            _note(ax, "no values recorded")
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        ax.set_xlim(0, 100)
+        ax.set_xlabel("replicas, sorted by value (%)")
+    _title(fig, f"Load per replica: the spread across {len(rows):,} replicas", run.summary)
+    return fig
+
+
+def _short(value: float) -> str:
+    """A figure in a legend: '2,300' or '0.0312', never '2.3e+03'."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
