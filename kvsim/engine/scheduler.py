@@ -1,4 +1,4 @@
-"""One serving replica: vLLM-V1-style continuous batching as a single SimPy process.
+"""The scheduler of one serving replica: vLLM-V1-style continuous batching as one SimPy process.
 
 Each iteration the scheduler walks the running requests first (a decode takes one token of the
 budget, an unfinished prefill takes a chunk), then admits waiting requests in arrival order while
@@ -7,16 +7,16 @@ none is free, the most recently admitted request is preempted by recompute (vLLM
 blocks are released (cached ones stay cached) and it goes back to the head of the queue.
 
 A load from lower tiers may overlap compute (`load_overlap`, kvsim.kvcache.overlap): the request
-then runs while its load is in flight, behind a `LoadGate`. layerwise: an iteration holding it
-ends no sooner than its first layer's KV plus the iteration, nor than the last byte plus one
-layer of the iteration, so iteration and load end together at max(A/L + C, A + C/L). bidirectional:
-it computes the front of its cached prefix (up to the gate's `stop`) while the back loads, and
-jumps to the end of the loaded blocks once both are done.
+then runs while its load is in flight, behind a `LoadGate` (kvsim.engine.gates).
 
-The iteration time comes from the cost model. When every running request is decoding and no
-waiting request can be admitted, the batch cannot change until a request finishes, an arrival
-comes, or blocks run out; those iterations are run as one event (decode coalescing), and an arrival
-in the middle cuts the run at the end of the step in progress.
+The iteration time comes from the replica's pricer (kvsim.engine.pricing), chosen when the
+replica is built. When every running request is decoding and no waiting request can be admitted,
+the batch cannot change until a request finishes, an arrival comes, or blocks run out; those
+iterations are run as one event (decode coalescing), and an arrival in the middle cuts the run
+at the end of the step in progress.
+
+Blocks are the KV-cache manager's business: the scheduler asks it through the few calls listed
+in kvsim.kvcache.manager's docstring and never reaches past it into the pool or the tiers.
 """
 
 from __future__ import annotations
@@ -24,19 +24,17 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from functools import partial
-from itertools import chain, repeat
 from operator import attrgetter, eq, sub
 
 import numpy as np
 import simpy
 
-from kvsim.engine.compress import EngineCompression
 from kvsim.engine.config import EngineConfig
-from kvsim.engine.request import Request
-from kvsim.hardware.measured import CostModel
+from kvsim.engine.gates import LoadGate, gated_iteration
+from kvsim.engine.pricing import IterationPricer
 from kvsim.kvcache.block_table import BlockTable
-from kvsim.kvcache.link import Link
 from kvsim.kvcache.manager import COMPUTE, KVCacheManager
+from kvsim.kvcache.request import Request
 
 MAX_COALESCED_STEPS = 4096
 
@@ -49,33 +47,47 @@ _held_blocks = attrgetter("table.held_blocks")
 _is_one = partial(eq, 1)
 
 
-class LoadGate:
-    """A load from lower tiers that a running request's compute overlaps (--load-overlap)."""
-
-    __slots__ = ("cancelled", "done", "done_s", "end", "event", "first_s", "stop")
-
-    def __init__(self, event: simpy.Event, end: int, stop: int, first_s: float) -> None:
-        self.event = event  # fires when the last loaded block is in HBM
-        self.end = end  # the block after the loaded ones
-        self.stop = stop  # bidirectional: compute may not pass this token before the join; -1
-        self.first_s = first_s  # layerwise: when the first layer's KV is in (an estimate)
-        self.done = False
-        self.done_s = 0.0
-        self.cancelled = False  # the request was preempted: its load no longer concerns it
+def _blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
 
 
-class Replica:
+def _block_counts(running: list[Request]) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens computed, blocks held) of each running request."""
+    computed = np.fromiter(map(_computed, running), dtype=np.int64, count=len(running))
+    held = np.fromiter(map(_held_blocks, running), dtype=np.int64, count=len(running))
+    return computed, held
+
+
+def _kept_blocks_needed(
+    running: list[Request], computed: np.ndarray, held: np.ndarray, steps: int, block_size: int
+) -> int:
+    """Blocks `steps` more decode steps of `running` take when compacted requests hold only
+    their kept tokens' blocks."""
+    total = 0
+    for req, c, h in zip(running, computed.tolist(), held.tolist(), strict=True):
+        t = c + steps
+        if req.table.compacted:
+            blocks = req.comp.kept_blocks(t, t - req.input_tokens)
+        else:
+            blocks = -(-t // block_size)
+        if blocks > h:
+            total += blocks - h
+    return total
+
+
+class Scheduler:
     """Scheduler + executor of one replica; `submit` a request, it calls `on_finish` when done.
 
     Blocks are the KV-cache manager's business: the scheduler asks it what a request would get
-    (`lookup`), admits (`admit`), grows (`allocate_slots`), commits and frees."""
+    (`lookup`), admits (`admit`), grows (`allocate_slots`), commits and frees. Iterations are
+    priced by `pricer`."""
 
     def __init__(
         self,
         env: simpy.Environment,
         config: EngineConfig,
         kv: KVCacheManager,
-        cost: CostModel,
+        pricer: IterationPricer,
         on_finish: Callable[[Request], None],
         index: int = 0,
         role: str = "mixed",
@@ -84,22 +96,17 @@ class Replica:
         self.env = env
         self.config = config
         self.kv = kv
-        self.cost = cost
+        self.pricer = pricer
         self.on_finish = on_finish
         self.index = index
         self.role = role  # "mixed", or under P/D "prefill" / "decode"
         self.node = node
         # a prefill replica hands each prompt on instead of decoding: nothing to coalesce
         self.coalesce = config.coalesce_decode and role != "prefill"
-        # KV compression (kvsim.engine.compress), set by the simulation: iterations are priced
-        # per request; a token-dropping profile's decoding requests hold only their kept
-        # tokens' blocks; InfiniGen fetches each step's tokens over the host link
-        self.compressed = False
-        self.compacting = False
-        # every request's profile is this one and its reads grow one token a step (quant):
-        # iterations and runs are priced in one numpy pass, as uncompressed ones are
-        self.linear: EngineCompression | None = None
-        self.host_link: Link | None = None
+        # the serving front end's per-request work (API server, tokenisation)
+        self.request_overhead_s = pricer.cost.request_overhead_s
+        # a token-dropping compression: decoding requests hold only their kept tokens' blocks
+        self.compacting = pricer.compacting
         # P/D hooks, set by the cluster: a prompt is computed here (hand it on); pull a
         # request's prompt KV from its prefill replica (the event fires when it has arrived)
         self.on_prefilled: Callable[[Request, BlockTable], None] | None = None
@@ -120,21 +127,13 @@ class Replica:
         self._wake: simpy.Event | None = None
         self.process = env.process(self._loop())
 
-    @property
-    def pool(self):
-        return self.kv.pool
-
-    @property
-    def hierarchy(self):
-        return self.kv.hierarchy
-
     # -- arrivals ----------------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
         """A new request arrives: after the serving front end's per-request work (API server,
         tokenisation: the profile's ``request_overhead_s``) it joins the queue. Routers see it
         here from the start (in `arriving`), or a burst would all be sent to one idle replica."""
         request.arrival_s = self.env.now
-        if self.cost.request_overhead_s > 0:
+        if self.request_overhead_s > 0:
             self._claim(request)
             self.arriving += 1
             self.env.process(self._after_front_end(request))
@@ -142,7 +141,7 @@ class Replica:
             self.enqueue(request)
 
     def _after_front_end(self, request: Request):
-        yield self.env.timeout(self.cost.request_overhead_s)
+        yield self.env.timeout(self.request_overhead_s)
         self.arriving -= 1
         self.waiting.append(request)
         self._notify()
@@ -172,6 +171,7 @@ class Replica:
     def _loop(self):
         env = self.env
         kv = self.kv
+        price = self.pricer.iteration_s
         while True:
             if not self.running and not self.waiting:
                 self._wake = env.event()
@@ -187,7 +187,8 @@ class Replica:
                     yield from self._decode_run(min(steps, self.round_left), need)
                     continue
                 self.round_left = 0  # out of blocks: schedule (and preempt) as usual
-            if self.coalesce and self._decode_only():
+            # nothing waiting can join: the batch can only decode until something finishes
+            if self.coalesce and self._all_decoding() and self._cannot_admit():
                 steps, need = self._coalescible_steps()
                 if steps >= 2:
                     yield from self._decode_run(steps, need)
@@ -213,20 +214,13 @@ class Replica:
                     n -= reused
                 if n:
                     prefill.append((n, req.computed))
-            fetch = 0.0
-            linear = self.linear
-            if linear is not None:
-                duration = self._linear_iteration_s(linear, prefill, decode)
-            elif self.compressed:
-                duration, fetch = self._compressed_iteration_s(decoders, batch, prefill)
-            else:
-                duration = self.cost.iteration_time_s(prefill, decode)
+            duration, fetch = price(decoders, batch, prefill, decode)
             duration += rotated * kv.rerotate_s_per_token
             if self.gated:
-                yield from self._gated_iteration(batch, duration)
+                yield from gated_iteration(env, batch, duration, kv.layers)
             elif fetch:
                 start = env.now
-                yield from self._fetching(duration, fetch)
+                yield from self.pricer.fetching(duration, fetch)
                 duration = env.now - start
             else:
                 yield env.timeout(duration)
@@ -234,132 +228,7 @@ class Replica:
             self.iterations += 1
             self._complete(decoders, batch)
 
-    # -- compression (kvsim.engine.compress) ------------------------------------------------------
-    def _compressed_iteration_s(
-        self,
-        decoders: list[Request],
-        batch: list[tuple[Request, int]],
-        prefill: list[tuple[int, int]],
-    ) -> tuple[float, float]:
-        """(seconds, bytes to fetch from CPU DRAM) of an iteration whose requests carry a
-        compression: decode attention reads what each keeps (in uncompressed-token
-        equivalents), prefill attention the whole prompt, plus each profile's own work."""
-        decode: list[float] = []
-        extra = 0.0
-        fetch = 0.0
-        written = 0.0
-        for req, n in chain(zip(decoders, repeat(1)), batch):
-            comp = req.comp
-            if n != 1:  # a prefill chunk: scored, quantised, written to DRAM as it is computed
-                if comp is not None:
-                    extra += n * comp.prefill_token_s
-                    written += n * comp.host_bytes_per_new_token
-                continue
-            c = req.computed
-            if comp is None or (comp.drops and not req.table.compacted):
-                decode.append(c)  # uncompressed, or its last prompt token: all KV is there
-                continue
-            g = max(c - req.input_tokens, 0)
-            decode.append(comp.equivalent_tokens(c, g))
-            extra += comp.decode_extra_s(c, g)
-            if comp.offload:
-                fetch += comp.fetch_bytes(c)
-                written += comp.host_bytes_per_new_token
-        if written and self.host_link is not None:  # new KV written to DRAM in the background
-            self.host_link.transfer(int(written), write=True)
-        return self.cost.iteration_time_s(prefill, decode) + extra, fetch
-
-    def _linear_iteration_s(
-        self, linear: EngineCompression, prefill: list[tuple[int, int]], decode: list[int]
-    ) -> float:
-        """An iteration under a profile whose reads are linear in the context (quant): the
-        batch's equivalent reads summed exactly (a model with windows takes them per
-        sequence), plus its dequantising and quantising."""
-        cost = self.cost
-        if cost.windowed:
-            equivalent = linear.equivalent_array(np.asarray(decode, dtype=np.float64))
-            seconds = cost.iteration_time_s(prefill, equivalent)
-        else:
-            seconds = cost.iteration_time_s(prefill, decode, linear.equivalent_sum(decode))
-        return seconds + (
-            linear.read_s * sum(decode)
-            + linear.new_token_s * len(decode)
-            + linear.prefill_token_s * sum(n for n, _ in prefill)
-        )
-
-    def _fetching(self, compute_s: float, fetch_bytes: float):
-        """InfiniGen: layer l's KV is fetched while layer l-1 computes (arXiv 2406.19707, S5),
-        so an iteration takes max(compute, fetch); the fetch shares the host link with tier
-        traffic to DRAM."""
-        assert self.host_link is not None
-        done = self.host_link.transfer(int(fetch_bytes))
-        yield self.env.timeout(compute_s)
-        if not done.triggered:
-            yield done
-
-    def _linear_run_ends(
-        self, linear: EngineCompression, contexts: list[int], steps: int
-    ) -> np.ndarray:
-        """`decode_run_ends_s` under a profile whose reads are linear in the context (quant):
-        each step adds one packed token per sequence, and its dequantising and quantising."""
-        last = steps - 1
-        start = linear.equivalent_sum(contexts)
-        growth = (linear.equivalent_sum(contexts, last) - start) / last if last else 0.0
-        array = np.asarray(contexts, dtype=np.float64)
-        ends = self.cost.decode_run_ends_s(array, steps, growth, start)
-        n = len(contexts)
-        work = linear.read_s * (sum(contexts) + n * np.arange(steps, dtype=np.float64))
-        return ends + np.cumsum(work + linear.new_token_s * n)
-
-    def _fetch_bound(self, ends: np.ndarray, fetch_bytes: float) -> np.ndarray:
-        """InfiniGen in a coalesced run: step k ends no sooner than k/steps of the run's fetch,
-        at the host link's rate shared with the transfers on it as the run starts; the fetch
-        goes on the link as one transfer, so tier traffic shares the link with it."""
-        link = self.host_link
-        assert link is not None
-        steps = len(ends)
-        alone = link.work_s(int(fetch_bytes))
-        fetch_s = link.latency_s + alone * link.read_slowdown()
-        link.transfer(int(fetch_bytes))
-        fetched = fetch_s * np.arange(1, steps + 1, dtype=np.float64) / steps
-        return np.maximum(ends, fetched)
-
-    def _compressed_run_ends(self, running: list[Request], steps: int) -> tuple[np.ndarray, float]:
-        """`decode_run_ends_s` of a run whose requests carry a compression, and the bytes it
-        fetches from CPU DRAM: each sequence's reads and work are taken at the run's first and
-        last step and interpolated in between (exact where they are linear in the context)."""
-        last = steps - 1
-        eq0 = np.empty(len(running))
-        eq1 = np.empty(len(running))
-        extra0 = extra1 = fetch0 = fetch1 = written = 0.0
-        for i, req in enumerate(running):
-            comp = req.comp
-            c = req.computed
-            if comp is None:
-                eq0[i], eq1[i] = c, c + last
-                continue
-            g = max(c - req.input_tokens, 0)
-            eq0[i] = comp.equivalent_tokens(c, g)
-            eq1[i] = comp.equivalent_tokens(c + last, g + last)
-            extra0 += comp.decode_extra_s(c, g)
-            extra1 += comp.decode_extra_s(c + last, g + last)
-            if comp.offload:
-                fetch0 += comp.fetch_bytes(c)
-                fetch1 += comp.fetch_bytes(c + last)
-                written += comp.host_bytes_per_new_token
-        growth = float(eq1.sum() - eq0.sum()) / last if last else 0.0
-        ends = self.cost.decode_run_ends_s(eq0, steps, growth)
-        if extra0 or extra1:
-            slope = (extra1 - extra0) / last if last else 0.0
-            ends = ends + np.cumsum(extra0 + slope * np.arange(steps, dtype=np.float64))
-        if written and self.host_link is not None:
-            self.host_link.transfer(int(written * steps), write=True)
-        return ends, (fetch0 + fetch1) / 2 * steps
-
     # -- scheduling --------------------------------------------------------------------------------
-    def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.block_size)
-
     def _waits_to_fit_whole(self, prompt: int, n: int) -> bool:
         """Without chunked prefill a prompt that does not fit beside the batch (only ``n`` of
         its ``prompt`` tokens would) waits for the next iteration; one longer than any
@@ -374,12 +243,13 @@ class Replica:
         the rest of its own output and what every started request may still grow by."""
         if self.config.kv_reservation != "full":
             return 0
+        bs = self.block_size
         held = sum(
-            max(0, self._blocks_for(r.input_tokens + r.output_tokens) - r.table.held_blocks)
+            max(0, _blocks_for(r.input_tokens + r.output_tokens, bs) - r.table.held_blocks)
             for r in (*self.running, *self.loading)
         )
-        prompt = self._blocks_for(req.known)
-        return held + max(0, self._blocks_for(req.input_tokens + req.output_tokens) - prompt)
+        prompt = _blocks_for(req.known, bs)
+        return held + max(0, _blocks_for(req.input_tokens + req.output_tokens, bs) - prompt)
 
     def _schedule(self) -> tuple[list[Request], list[tuple[Request, int]]]:
         """This iteration's requests, in running order then admitted: (the leading running
@@ -454,7 +324,6 @@ class Replica:
         waiting = self.waiting
         running = self.running
         kv = self.kv
-        pool = kv.pool
         max_seqs = self.config.max_num_seqs
         whole = self.config.max_num_batched_tokens  # budget left whole: nothing scheduled yet
         bs = self.block_size
@@ -463,19 +332,18 @@ class Replica:
             req = waiting[0]
             pulling = req.handoff == "decode"
             if not pulling:  # a head that cannot fit whatever the lookup finds below: stop
-                least, _, evictable = self._need_bounds(req, budget)
-                if least + evictable + self._reservation(req, least) > pool.available:
+                least, _, evictable = kv.admission_bounds(req, budget)
+                if least + evictable + self._reservation(req, least) > kv.available_blocks:
                     break
             plan = kv.lookup_pull(req) if pulling else kv.lookup(req, budget)
             hit, evictable, load, n, need = plan
-            if need + evictable + self._reservation(req, need) > pool.available:
+            if need + evictable + self._reservation(req, need) > kv.available_blocks:
                 break
             if budget < whole and self._waits_to_fit_whole(req.known - hit * bs, n):
                 break
             first_layer_s = -1.0
             if load and self.overlap == "layerwise":  # estimated on the links before it starts
-                assert kv.hierarchy is not None
-                first_layer_s = now + float(kv.hierarchy.load_estimate_s(load)[-1]) / kv.layers
+                first_layer_s = now + kv.first_layer_s(load)
             waiting.popleft()
             first = req.cached_tokens < 0
             if first:
@@ -487,7 +355,7 @@ class Replica:
                 assert self.pull is not None
                 req.load_started_s = now
                 self.loading.append(req)
-                self.pull(req, hit).callbacks.append(lambda _ev, req=req: self._pulled(req))
+                self.pull(req, hit).callbacks.append(lambda _ev, req=req: self._arrived(req, -1))
                 continue
             if done is not None and self.overlap != "none":
                 req.load_started_s = now
@@ -501,23 +369,29 @@ class Replica:
                 req.load_started_s = now
                 self.loading.append(req)
                 end = hit + len(load)
-                done.callbacks.append(lambda _ev, req=req, end=end: self._loaded(req, end))
+                done.callbacks.append(lambda _ev, req=req, end=end: self._arrived(req, end))
                 continue
             running.append(req)
             batch.append((req, n))
             budget -= n
 
-    def _loaded(self, req: Request, end: int) -> None:
+    def _arrived(self, req: Request, end: int) -> None:
+        """The blocks `req` waited for are in HBM: the tiers below loaded them up to block `end`,
+        or (`end` < 0) its prompt's KV came from its prefill replica; it runs."""
         now = self.env.now
         req.load_wait_s += now - req.load_started_s
         self.loading.remove(req)
         before = req.computed
-        self.kv.loaded(req, end, now)
+        if end < 0:  # decode it (a later preemption recomputes it locally)
+            self.kv.pulled(req, now)
+            req.handoff = None
+        else:
+            self.kv.loaded(req, end, now)
         self.outstanding_tokens -= req.computed - before
         self.running.append(req)
         self._notify()
 
-    # -- loads that compute overlaps (kvsim.kvcache.overlap) ----------------------------------
+    # -- loads that compute overlaps (kvsim.engine.gates) ------------------------------------
     def _start_gated(
         self, req: Request, plan: tuple, event: simpy.Event, first_s: float, budget: int
     ) -> int:
@@ -531,7 +405,7 @@ class Replica:
             req.computed = end * bs
             self.outstanding_tokens -= req.computed - before
             n = min(req.known - req.computed, budget)
-            need = self._blocks_for(req.computed + n) - req.table.held_blocks
+            need = _blocks_for(req.computed + n, bs) - req.table.held_blocks
             if not self.kv.allocate_slots(req, need):
                 n = 0
         else:  # bidirectional: compute the front of the cached prefix while the back loads
@@ -541,24 +415,6 @@ class Replica:
         self.gated += 1
         event.callbacks.append(lambda _ev: self._gate_loaded(req, gate))
         return n
-
-    def _gated_iteration(self, batch: list[tuple[Request, int]], duration: float):
-        """Run one iteration whose batch may hold layer-wise loading requests: it ends no sooner
-        than each one's first layer plus `duration`, nor than its last byte plus one layer."""
-        env = self.env
-        gates = [r.gate for r, _ in batch if r.gate is not None and r.gate.stop < 0]
-        start = env.now
-        end = start + duration
-        for gate in gates:
-            end = max(end, gate.first_s + duration)
-        yield env.timeout(end - start)
-        pending = [g.event for g in gates if not g.done]
-        if pending:
-            yield simpy.AllOf(env, pending)
-        if gates:
-            tail = max(g.done_s for g in gates) + duration / self.kv.layers
-            if tail > env.now:
-                yield env.timeout(tail - env.now)
 
     def _gate_loaded(self, req: Request, gate: LoadGate) -> None:
         if gate.cancelled:
@@ -578,18 +434,6 @@ class Replica:
         self.outstanding_tokens -= req.computed - before
         req.gate = None
         self.gated -= 1
-
-    def _pulled(self, req: Request) -> None:
-        """The prompt's KV is here: decode it (a later preemption recomputes it locally)."""
-        now = self.env.now
-        req.load_wait_s += now - req.load_started_s
-        self.loading.remove(req)
-        before = req.computed
-        self.kv.pulled(req, now)
-        self.outstanding_tokens -= req.computed - before
-        req.handoff = None
-        self.running.append(req)
-        self._notify()
 
     def prefetch(self, req: Request) -> None:
         """Bring `req`'s blocks from lower tiers into HBM ahead of its arrival."""
@@ -695,10 +539,6 @@ class Replica:
         known, computed = map(_known, reversed(running)), map(_computed, reversed(running))
         return all(map(_is_one, map(sub, known, computed)))
 
-    def _decode_only(self) -> bool:
-        """The batch can only decode until something finishes: nothing waiting can join."""
-        return self._all_decoding() and self._cannot_admit()
-
     def _cannot_admit(self) -> bool:
         running = self.running
         if not self.waiting or len(running) + len(self.loading) >= self.config.max_num_seqs:
@@ -708,58 +548,22 @@ class Replica:
         if budget <= 0:
             return True
         req = self.waiting[0]
-        available = self.kv.pool.available
-        least, most, evictable = self._need_bounds(req, budget)
+        kv = self.kv
+        available = kv.available_blocks
+        least, most, evictable = kv.admission_bounds(req, budget)
         if least + evictable + self._reservation(req, least) > available:
             return True
         if most + evictable + self._reservation(req, most) <= available:
             return False
-        _, evictable, _, _, need = self.kv.lookup(req, budget)
+        _, evictable, _, _, need = kv.lookup(req, budget)
         return need + evictable + self._reservation(req, need) > available
 
-    def _need_bounds(self, req: Request, budget: int) -> tuple[int, int, int]:
-        """(least, most, evictable): bounds on the blocks `kv.lookup(req, budget)` would ask
-        for, and its hit's evictable blocks, without walking the tiers below or costing a load.
-        Its need is either the blocks of the next chunk after the hit, or the blocks it loads
-        (at least one, at most every block from the hit up to `limit`), plus the reserved
-        ones; when the bounds decide admission, the lookup need not run (it changes nothing)."""
-        kv = self.kv
-        hit, evictable = kv.prefix_hit(req)
-        start = hit * self.block_size
-        reserved = kv.reserved_blocks(req)
-        plain = self._blocks_for(start + min(req.known - start, budget)) - hit + reserved
-        hashes = req.table.hashes
-        if kv.hierarchy is None or not kv.prefix_caching or hashes is None:
-            return plain, plain, evictable
-        limit = min((req.known - 1) // self.block_size, len(hashes))
-        return min(plain, 1 + reserved), max(plain, limit - hit + reserved), evictable
-
     def _blocks_needed(self, computed: np.ndarray, held: np.ndarray, steps: int) -> int:
+        """Blocks `steps` more decode steps of the running requests take."""
         bs = self.block_size
         if self.compacting:
-            return self._kept_blocks_needed(computed, held, steps)
+            return _kept_blocks_needed(self.running, computed, held, steps, bs)
         return int(np.maximum(-(-(computed + steps) // bs) - held, 0).sum())
-
-    def _kept_blocks_needed(self, computed: np.ndarray, held: np.ndarray, steps: int) -> int:
-        """`_blocks_needed` when compacted requests hold only their kept tokens' blocks."""
-        bs = self.block_size
-        total = 0
-        for req, c, h in zip(self.running, computed.tolist(), held.tolist(), strict=True):
-            t = c + steps
-            if req.table.compacted:
-                blocks = req.comp.kept_blocks(t, t - req.input_tokens)
-            else:
-                blocks = -(-t // bs)
-            if blocks > h:
-                total += blocks - h
-        return total
-
-    @staticmethod
-    def _block_counts(running: list[Request]) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens computed, blocks held) of each running request."""
-        computed = np.fromiter(map(_computed, running), dtype=np.int64, count=len(running))
-        held = np.fromiter(map(_held_blocks, running), dtype=np.int64, count=len(running))
-        return computed, held
 
     def _coalescible_steps(self) -> tuple[int, int]:
         """(steps the decode batch can run unchanged: until the first finish, within free
@@ -767,8 +571,8 @@ class Replica:
         running = self.running
         steps = min(map(sub, map(_output_tokens, running), map(_generated, running)))
         steps = min(steps, MAX_COALESCED_STEPS)
-        computed, held = self._block_counts(running)
-        available = self.kv.pool.available
+        computed, held = _block_counts(running)
+        available = self.kv.available_blocks
         need = self._blocks_needed(computed, held, steps)
         if need <= available:
             return steps, need
@@ -785,16 +589,7 @@ class Replica:
     def _decode_run(self, steps: int, need: int):
         env = self.env
         running = list(self.running)  # the batch of this run; a load may append to the list
-        linear = self.linear
-        if linear is not None:
-            ends = self._linear_run_ends(linear, list(map(_computed, running)), steps)
-        elif self.compressed:
-            ends, fetch = self._compressed_run_ends(running, steps)
-            if fetch:
-                ends = self._fetch_bound(ends, fetch)
-        else:
-            contexts = np.fromiter(map(_computed, running), dtype=np.float64, count=len(running))
-            ends = self.cost.decode_run_ends_s(contexts, steps)
+        ends = self.pricer.run_ends_s(running, steps)
         self.run_reserved_blocks = need
         start = env.now
         if self.round_left:  # a multi-step round: nothing cuts it
