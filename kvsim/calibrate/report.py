@@ -14,7 +14,7 @@ import numpy as np
 
 from kvsim.calibrate.run import Calibration
 from kvsim.costmodel import MeasuredCostModel, TransferModel
-from kvsim.costmodel.pairs import causal_pairs as _pairs
+from kvsim.hardware.attention_pairs import causal_pairs as _pairs
 from kvsim.models import ModelSpec
 
 

@@ -38,8 +38,8 @@ from kvsim.calibrate.plan import (
 from kvsim.calibrate.write import cpu_profile, gpu_profile
 from kvsim.costmodel import MeasuredCostModel, TransferModel, make_cost_model
 from kvsim.costmodel.shapes import gemm_shapes, supported
-from kvsim.costmodel.tables import FORMAT, parse_measured
 from kvsim.errors import ConfigError
+from kvsim.hardware.measured_tables import FORMAT, parse_measured
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec, check_tp
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kvsim.costmodel.measured import MeasuredCostModel, mismatch
 from kvsim.costmodel.roofline import RooflineCostModel
-from kvsim.costmodel.tables import parse_measured, raise_config_error
+from kvsim.hardware.measured_tables import parse_measured, raise_config_error
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec
 

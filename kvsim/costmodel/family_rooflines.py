@@ -15,7 +15,7 @@ from kvsim.costmodel.interpolate import Roofline
 from kvsim.costmodel.kernels import ELEMENTWISE_KERNELS_PER_LAYER, KernelRates
 from kvsim.costmodel.roofline import model_elementwise_bytes_per_token
 from kvsim.costmodel.shapes import GemmShape
-from kvsim.costmodel.tables import GemmTable
+from kvsim.hardware.measured_tables import GemmTable
 from kvsim.models import ModelSpec, attention_costs
 
 

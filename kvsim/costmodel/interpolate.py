@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvsim.costmodel.tables import Curve
+from kvsim.hardware.measured_tables import Curve
 
 RELAX_DECADES = 1.0  # beyond the measured range, the measured/roofline ratio fades over this
 Roofline = Callable[[np.ndarray], np.ndarray]

@@ -17,11 +17,16 @@ from kvsim.costmodel.chunked_prefill import ChunkedPrefill
 from kvsim.costmodel.family_rooflines import LayerAttention, elementwise_roofline, gemm_roofline
 from kvsim.costmodel.interpolate import RateCurve, RateGrid, Roofline, rate_curve
 from kvsim.costmodel.kernels import allreduce_s
-from kvsim.costmodel.pairs import causal_pairs, windowed_pairs
 from kvsim.costmodel.roofline import RooflineCostModel
 from kvsim.costmodel.shapes import supported
-from kvsim.costmodel.tables import MeasuredTables, PrefillTable, parse_measured, raise_config_error
 from kvsim.errors import ConfigError
+from kvsim.hardware.attention_pairs import causal_pairs, windowed_pairs
+from kvsim.hardware.measured_tables import (
+    MeasuredTables,
+    PrefillTable,
+    parse_measured,
+    raise_config_error,
+)
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec
 from kvsim.models.dtypes import weight_dtype_bytes

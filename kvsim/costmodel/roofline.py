@@ -35,7 +35,7 @@ from kvsim.costmodel.kernels import (
     as_float,
     elementwise_bytes_per_token,
 )
-from kvsim.costmodel.pairs import windowed_pairs
+from kvsim.hardware.attention_pairs import windowed_pairs
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec, attention_costs, linear_flops_per_token, weight_bytes
 from kvsim.models.dtypes import weight_dtype_bytes

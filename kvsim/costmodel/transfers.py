@@ -7,7 +7,7 @@ Kept beside the iteration cost models because it prices from the same calibratio
 from __future__ import annotations
 
 from kvsim.costmodel.interpolate import RateCurve, Roofline, rate_curve
-from kvsim.costmodel.tables import parse_measured, raise_config_error
+from kvsim.hardware.measured_tables import parse_measured, raise_config_error
 from kvsim.hardware.profile import HardwareProfile
 
 

@@ -1,11 +1,10 @@
 """Hardware profiles: what a node's GPUs and KV-cache tiers can do, and each number's source.
 
-The cost model (kvsim.hardware.costmodel) turns a profile into iteration times.
+The cost model (kvsim.costmodel) turns a profile into iteration times.
 """
 
 from kvsim.hardware.durations import parse_duration
 from kvsim.hardware.profile import (
-    TIER_NAMES,
     Efficiency,
     GpuSpec,
     HardwareProfile,
@@ -13,6 +12,7 @@ from kvsim.hardware.profile import (
     with_overrides,
 )
 from kvsim.hardware.registry import load_profile, profile_names, profile_path, profiles_dir
+from kvsim.hardware.tier_kinds import TIER_NAMES
 from kvsim.hardware.validate import validate_profile
 
 __all__ = [

@@ -15,9 +15,6 @@ from typing import Any, Literal
 from kvsim.errors import ConfigError, UnknownNameError
 from kvsim.units import parse_size
 
-TIER_NAMES: tuple[str, ...] = ("hbm", "dram", "cxl", "nvme", "rdma", "pfs")
-"""Every tier kvsim knows, fastest first; a profile lists a subset in this order."""
-
 BandwidthScope = Literal["per_gpu", "per_node"]
 NvmePath = Literal["gds", "bounce"]
 BlockLayout = Literal["contiguous", "per_layer", "per_layer_kv"]
@@ -47,7 +44,7 @@ class GpuSpec:
 class Efficiency:
     """How far real kernels fall short of the peaks, so the roofline predicts achieved speed.
 
-    The defaults of the optional terms give the plain roofline; kvsim.hardware.kernels says what
+    The defaults of the optional terms give the plain roofline; kvsim.costmodel.kernels says what
     each term models and docs/validation.md what fitting them to measurements gained."""
 
     compute: float  # achieved / peak FLOP/s of GEMMs
@@ -187,6 +184,11 @@ def with_overrides(
             size = parse_size(text, f"capacity override {tier.name}={text}", unit_required=True)
             if size <= 0:
                 raise ConfigError(f"capacity override {tier.name}={text}: expected a positive size")
+            from kvsim.hardware.validate import implausible  # (validate imports this module)
+
+            problem = implausible("capacity", size)
+            if problem:
+                raise ConfigError(f"capacity override {tier.name}={text}: {problem}")
             changes["capacity_bytes"] = size
             sources[f"tiers.{tier.name}.capacity"] = f"override: {tier.name}={text}"
         new_tiers.append(dataclasses.replace(tier, **changes) if changes else tier)

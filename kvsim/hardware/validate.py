@@ -3,7 +3,7 @@
 Every error names the file and the dotted field (``tiers.nvme.read_bandwidth``) so a user can fix
 it without reading kvsim's code; every number must say where it came from in ``[sources]``.
 Calibration tables under ``[measured]`` carry their own provenance (device, driver, torch
-version, date) instead of per-number sources; ``kvsim.hardware.measured`` checks their shape.
+version, date) instead of per-number sources; ``kvsim.hardware.measured_tables`` checks their shape.
 
 Physical quantities (FLOP/s, sizes, bandwidths, counts, efficiencies) must be finite and above 0;
 prices, latencies and the per-iteration overhead may be 0 (HBM is paid for in the GPU's price),
@@ -27,17 +27,17 @@ from typing import Any, NoReturn
 
 from kvsim.errors import ConfigError
 from kvsim.hardware.durations import parse_duration
-from kvsim.hardware.measured import parse_measured
+from kvsim.hardware.measured_tables import parse_measured
 from kvsim.hardware.profile import (
     BANDWIDTH_SHARINGS,
     BLOCK_LAYOUTS,
-    TIER_NAMES,
     AllReduceAlgorithm,
     Efficiency,
     GpuSpec,
     HardwareProfile,
     TierSpec,
 )
+from kvsim.hardware.tier_kinds import TIER_NAMES
 from kvsim.textio import key_name, parse_toml, read_utf8
 from kvsim.units import is_finite_number, parse_rate, parse_size
 
@@ -63,7 +63,7 @@ _GPU_FIELDS = {
     "host_link_bandwidth",
 }
 _EFFICIENCY_FIELDS = {"compute", "memory", "iteration_overhead_s"}
-#: Optional [efficiency] terms (kvsim.hardware.kernels): fractions, exponents, seconds.
+#: Optional [efficiency] terms (kvsim.costmodel.kernels): fractions, exponents, seconds.
 _EFFICIENCY_FRACTIONS = ("attention", "elementwise")
 _EFFICIENCY_SECONDS = (
     "kernel_floor_s",

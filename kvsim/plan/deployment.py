@@ -11,27 +11,28 @@ import dataclasses
 from dataclasses import dataclass
 
 from kvsim.engine.config import EngineConfig
+from kvsim.hardware.tier_kinds import LOWER_TIER_NAMES, SHARED_TIER_NAMES
 from kvsim.units import format_bytes
 
-#: The order tiers are listed in (a deployment's tiers are kept in it, so equal ones compare equal).
-TIER_ORDER = ("dram", "cxl", "nvme", "rdma", "pfs")
 #: Tiers a plan sizes: the node-local ones and the shared pool.
 SEARCHED_TIERS = ("dram", "cxl", "nvme", "rdma")
-SHARED = ("rdma", "pfs")  # sized as one pool, not per node
 
-Tiers = tuple[tuple[str, int], ...]  # (tier, bytes per node, or of the pool), in TIER_ORDER
+Tiers = tuple[tuple[str, int], ...]  # (tier, bytes per node, or of the pool), in LOWER_TIER_NAMES
 
 
 def _ordered(tiers: dict[str, int]) -> Tiers:
     def rank(name: str) -> tuple[int, str]:
-        return (TIER_ORDER.index(name) if name in TIER_ORDER else len(TIER_ORDER), name)
+        return (
+            LOWER_TIER_NAMES.index(name) if name in LOWER_TIER_NAMES else len(LOWER_TIER_NAMES),
+            name,
+        )
 
     return tuple((name, tiers[name]) for name in sorted(tiers, key=rank))
 
 
 def tier_size_text(name: str, size: int) -> str:
     """'dram 1.8 TiB' for a node-local tier, 'rdma pool 7.3 TiB' for a shared one."""
-    return f"{name} {'pool ' if name in SHARED else ''}{format_bytes(size)}"
+    return f"{name} {'pool ' if name in SHARED_TIER_NAMES else ''}{format_bytes(size)}"
 
 
 @dataclass(frozen=True)

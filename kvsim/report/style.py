@@ -14,6 +14,8 @@ from typing import Any
 import matplotlib
 from matplotlib.figure import Figure
 
+from kvsim.hardware.tier_kinds import TIER_KINDS
+
 #: Saved size in inches and resolution: 8 x 4.5 in at 130 dpi is 1040 x 585 pixels.
 SIZE_IN = (8.0, 4.5)
 DPI = 130
@@ -33,12 +35,7 @@ _RC = {
 }
 #: One colour per tier, in the hierarchy's order, the same in every figure.
 TIER_COLORS = {
-    "hbm": "#1f77b4",
-    "dram": "#ff7f0e",
-    "cxl": "#2ca02c",
-    "nvme": "#d62728",
-    "rdma": "#9467bd",
-    "pfs": "#8c564b",
+    **{kind.name: kind.colour for kind in TIER_KINDS},
     "gpu": "#7f7f7f",
     "pd_nvlink": "#17becf",
     "fabric": "#bcbd22",

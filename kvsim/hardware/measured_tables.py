@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from kvsim.costmodel.pairs import causal_pairs
 from kvsim.errors import ConfigError
+from kvsim.hardware.attention_pairs import causal_pairs
 from kvsim.textio import key_name
 from kvsim.units import is_finite_number
 
