@@ -128,7 +128,7 @@ BAD = [
     (["run", "--hardware", "nope"], "unknown profile 'nope'"),
     (["run", "--rate", "-1"], "--rate"),
     (["run", "--max-requests", "0"], "--max-requests"),
-    (["run", "--block-size", "0"], "block_size"),
+    (["run", "--block-size", "0"], "--block-size: expected a positive integer"),
     (["size", "--model", "llama-3.1-405b", "--tp", "0"], "--tp"),
     (["run", "--bogus"], "No such option"),
 ]

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvsim.engine import EngineConfig, simulate
-from kvsim.engine import replica as replica_module
+from kvsim.engine import scheduler as scheduler_module
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.hardware import load_profile
 from kvsim.metrics import summarize
@@ -79,7 +79,7 @@ def test_a_chosen_load_is_never_slower_than_recomputing():
         tiers="hbm,dram,nvme",
         tier_capacity=f"dram={blocks(150)},nvme={blocks(2000)}",
     )
-    from kvsim.hardware.measured import make_cost_model
+    from kvsim.costmodel import make_cost_model
 
     prefill = make_cost_model(MODEL, PROFILE).prefill_time_s
     loaded = 0
@@ -145,7 +145,7 @@ def test_per_tier_policies_and_bad_names():
     with pytest.raises(KvsimError, match="unknown policy"):
         run(reqs, policy="hbm=lru,dram=nope", tiers="hbm,dram")
     with pytest.raises(ConfigError, match="inclusive"):
-        EngineConfig(write_policy="write-through", hierarchy="exclusive")
+        run(reqs, write_policy="write-through", hierarchy="exclusive")
 
 
 def test_cost_is_gpu_plus_tier_share_over_simulated_time():
@@ -210,24 +210,24 @@ def tiered_workloads(draw):
 @given(tiered_workloads())
 def test_hierarchy_invariants(case):
     reqs, engine = case
-    complete = replica_module.Replica._complete
+    complete = scheduler_module.Scheduler._complete
 
     def checked(self, decoders, batch):
         complete(self, decoders, batch)
-        hierarchy = self.hierarchy
+        hierarchy = self.kv.hierarchy
         if hierarchy is None:
             return
         hierarchy.check()  # capacity, conservation of blocks (and so of bytes), placement
         if not hierarchy.inclusive:
             resident_below = {k for k, t in hierarchy.where.items() if t >= 0}
             in_flight = {k for t in hierarchy.tiers for k in t.pinned}
-            assert not (set(self.pool.refs) & resident_below) - in_flight
+            assert not (set(self.kv.pool.refs) & resident_below) - in_flight
 
-    replica_module.Replica._complete = checked
+    scheduler_module.Scheduler._complete = checked
     try:
         result, rows = run(reqs, **engine)
     finally:
-        replica_module.Replica._complete = complete
+        scheduler_module.Scheduler._complete = complete
     assert all(s == "completed" for s in rows["status"])
     for name, tier in result.tiers.items():
         assert tier["resident_blocks"] <= tier["capacity_blocks"], name

@@ -159,6 +159,7 @@ def test_parse_router_params() -> None:
 
 
 def test_params_fill_and_bad_params_name_router_and_parameter() -> None:
+    """Router parameters are checked as policy parameters are (kvsim.plugin_params)."""
     r = make_router("dynamo-kv", {"overlap_score_weight": 2, "temperature": 0.5})
     assert r.params.overlap_score_weight == 2.0 and isinstance(r.params.overlap_score_weight, float)
     assert r.params.temperature == 0.5 and r.params.device_credit == 1.0
@@ -166,12 +167,13 @@ def test_params_fill_and_bad_params_name_router_and_parameter() -> None:
     cases = {
         ("dynamo-kv", "nope", 1): r"router 'dynamo-kv': unknown parameter 'nope'; valid: .*",
         ("dynamo-kv", "temperature", "hot"): (
-            r"router 'dynamo-kv': parameter 'temperature' must be a number, got 'hot'"
+            r"router 'dynamo-kv': parameter temperature: expected a number, got 'hot'"
         ),
         ("dynamo-kv", "temperature", -1): r"router 'dynamo-kv': parameter 'temperature' must be",
-        ("dynamo-kv", "approximate", 1): r"parameter 'approximate' must be true or false",
+        ("dynamo-kv", "temperature", float("nan")): r"temperature: expected a finite number",
+        ("dynamo-kv", "approximate", 1): r"parameter approximate: expected true or false",
         ("sglang-cache-aware", "balance_abs_threshold", 1.5): (
-            r"router 'sglang-cache-aware': parameter 'balance_abs_threshold' must be an integer"
+            r"router 'sglang-cache-aware': parameter balance_abs_threshold: expected an integer"
         ),
         ("production-stack", "mode", "bogus"): (
             r"router 'production-stack': parameter 'mode' must be one of "

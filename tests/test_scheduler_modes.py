@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from helpers import Req, make_trace, without_front_end
 
+from kvsim.costmodel import make_cost_model
 from kvsim.engine import EngineConfig, simulate
+from kvsim.engine.resolve import check_fields
 from kvsim.errors import ConfigError
 from kvsim.hardware import load_profile
-from kvsim.hardware.measured import make_cost_model
 from kvsim.models import load_model
 
 MODEL = load_model("llama-3.1-8b")
@@ -77,6 +78,6 @@ def test_a_prompt_longer_than_the_budget_is_chunked_even_unchunked() -> None:
 
 def test_bad_scheduler_settings_are_refused() -> None:
     with pytest.raises(ConfigError, match="num_scheduler_steps"):
-        EngineConfig(num_scheduler_steps=0)
+        check_fields(EngineConfig(num_scheduler_steps=0))
     with pytest.raises(ConfigError, match="kv_reservation"):
-        EngineConfig(kv_reservation="some")
+        check_fields(EngineConfig(kv_reservation="some"))

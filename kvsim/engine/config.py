@@ -1,11 +1,11 @@
-"""Settings of one serving replica, with vLLM's defaults where vLLM has one."""
+"""Settings of one serving replica, with vLLM's defaults where vLLM has one.
+
+Values are kept as the user typed them; `kvsim.engine.resolve` parses and checks them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-
-from kvsim.errors import ConfigError
-from kvsim.kvcache.overlap import LOAD_OVERLAPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +132,9 @@ class EngineConfig:
         },
     )
     seed: int = field(default=0, metadata={"help": "the one seed all randomness flows from"})
-    replicas: int = field(
-        default=1, metadata={"help": "serving replicas of tp GPUs each (with pd: P + D)"}
+    replicas: int | None = field(
+        default=None,
+        metadata={"help": "serving replicas of tp GPUs each (default 1; with pd: P + D)"},
     )
     router: str = field(
         default="round-robin", metadata={"help": "router name (kvsim.routers) or module:Class"}
@@ -156,105 +157,6 @@ class EngineConfig:
             "(default: the router's rule, else always disaggregate)"
         },
     )
-
-    @property
-    def pd_split(self) -> tuple[int, int] | None:
-        """(prefill, decode) replicas, or None for aggregated serving."""
-        if not self.pd:
-            return None
-        p, _, d = self.pd.partition(":")
-        return int(p), int(d)
-
-    @property
-    def replica_count(self) -> int:
-        split = self.pd_split
-        return sum(split) if split else self.replicas
-
-    def __post_init__(self) -> None:
-        for name in (
-            "block_size",
-            "max_num_seqs",
-            "max_num_batched_tokens",
-            "tp",
-            "num_scheduler_steps",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"engine.{name}: expected a positive integer, got {value!r}")
-        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
-            raise ConfigError(f"engine.num_gpu_blocks: expected >= 1, got {self.num_gpu_blocks}")
-        choices = {
-            "write_policy": ("write-back", "write-through"),
-            "hierarchy": ("inclusive", "exclusive"),
-            "load_overlap": LOAD_OVERLAPS,
-            "kv_reservation": ("prompt", "full"),
-        }
-        for name, valid in choices.items():
-            value = getattr(self, name)
-            if value not in valid:
-                raise ConfigError(
-                    f"engine.{name}: expected one of {', '.join(valid)}, got {value!r}"
-                )
-        if self.write_policy == "write-through" and self.hierarchy == "exclusive":
-            raise ConfigError(
-                "engine.write_policy: write-through keeps a copy below every HBM block, "
-                "so it needs hierarchy = 'inclusive'"
-            )
-        if not isinstance(self.replicas, int) or self.replicas < 1:
-            raise ConfigError(
-                f"engine.replicas: expected a positive integer, got {self.replicas!r}"
-            )
-        if self.pd:
-            p, sep, d = self.pd.partition(":")
-            if not (sep and p.strip().isdigit() and d.strip().isdigit()):
-                raise ConfigError(f"engine.pd: expected P:D such as 1:3, got {self.pd!r}")
-            if int(p) < 1 or int(d) < 1:
-                raise ConfigError(
-                    f"engine.pd: {self.pd!r} needs at least one prefill and one decode replica"
-                )
-            if self.replicas not in (1, int(p) + int(d)):
-                raise ConfigError(
-                    f"engine.replicas: {self.replicas} disagrees with pd {self.pd!r} "
-                    f"({int(p) + int(d)} replicas); give one or the other"
-                )
-        if self.pd_threshold is not None and (
-            not isinstance(self.pd_threshold, int) or self.pd_threshold < 0
-        ):
-            raise ConfigError(
-                "engine.pd_threshold: expected a non-negative token count, "
-                f"got {self.pd_threshold!r}"
-            )
-        if not self.router.strip():
-            raise ConfigError("engine.router: expected a router name, got ''")
-        if not self.policy.strip():
-            raise ConfigError("engine.policy: expected a policy name, got ''")
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"engine.seed: expected a non-negative integer, got {self.seed!r}")
-        if not isinstance(self.compression, str) or not self.compression.strip():
-            raise ConfigError(
-                f"engine.compression: expected a profile such as none or quant:k=4,v=4, "
-                f"got {self.compression!r}"
-            )
-        if not isinstance(self.auto_latency_budget_s, int | float) or not (
-            self.auto_latency_budget_s > 0
-        ):
-            raise ConfigError(
-                "engine.auto_latency_budget_s: expected a positive number of seconds, "
-                f"got {self.auto_latency_budget_s!r}"
-            )
-        if not isinstance(self.auto_memory_fraction, int | float) or not (
-            0 < self.auto_memory_fraction <= 1
-        ):
-            raise ConfigError(
-                "engine.auto_memory_fraction: expected a share in (0, 1], "
-                f"got {self.auto_memory_fraction!r}"
-            )
-        for name in ("prefetch_lead_s", "timeline_interval_s", "router_refresh_s"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not value >= 0:
-                raise ConfigError(f"engine.{name}: expected a non-negative number, got {value!r}")
-        if self.timeline_interval_s <= 0:
-            raise ConfigError("engine.timeline_interval_s: expected a positive number of seconds")
 
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -12,10 +12,9 @@ from typing import Any
 
 from kvsim.engine.config import EngineConfig
 from kvsim.errors import ConfigError, UnknownNameError
+from kvsim.hardware.tier_kinds import TIER_NAMES
 from kvsim.kvcache.hierarchy import ADMISSIONS
 from kvsim.policies import parse_policy_params
-
-TIER_ORDER = ("hbm", "dram", "cxl", "nvme", "rdma", "pfs")
 
 
 @dataclass(frozen=True)
@@ -48,15 +47,15 @@ def per_tier(text: str, option: str, default: str) -> dict[str, str]:
     """'lru' -> every tier 'lru'; 'hbm=lru,dram=arc' -> those tiers, `default` for the rest."""
     text = text.strip()
     if "=" not in text:
-        return dict.fromkeys(TIER_ORDER, text or default)
-    out = dict.fromkeys(TIER_ORDER, default)
+        return dict.fromkeys(TIER_NAMES, text or default)
+    out = dict.fromkeys(TIER_NAMES, default)
     for part in text.split(","):
         name, sep, value = part.partition("=")
         name, value = name.strip(), value.strip()
         if not sep or not value:
             raise ConfigError(f"{option}: expected NAME=VALUE pairs, got {part!r}")
-        if name not in TIER_ORDER:
-            raise UnknownNameError("tier", name, list(TIER_ORDER))
+        if name not in TIER_NAMES:
+            raise UnknownNameError("tier", name, list(TIER_NAMES))
         out[name] = value
     return out
 
@@ -72,7 +71,7 @@ def _tier_list(text: str | None) -> list[str] | None:
     if not text:
         return None
     names = [t.strip() for t in text.split(",") if t.strip()]
-    return list(TIER_ORDER) if names == ["all"] else names
+    return list(TIER_NAMES) if names == ["all"] else names
 
 
 def _capacities(text: str) -> dict[str, str] | None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kvsim.errors import ConfigError
+from kvsim.hardware.tier_kinds import tier_kind
 from kvsim.plan.deployment import (
     SEARCHED_TIERS,
     Deployment,
@@ -52,7 +53,6 @@ DEFAULT_PD_SHARES = (0.25, 0.5)
 DEFAULT_MIN_GAIN = 0.01
 DEFAULT_MAX_REPLICAS = 64
 COARSE_FACTOR = 4  # tier sizes step by this factor, then one halving
-TIER_LABELS = {"dram": "DRAM", "cxl": "CXL", "nvme": "NVMe", "rdma": "RDMA pool"}
 COARSE_STEPS = 4  # sizes tried below and at the profile's: c, c/4, c/16, c/64 (then off)
 
 T = TypeVar("T")
@@ -86,8 +86,8 @@ class PlanSettings:
 
 def check_settings(settings: PlanSettings) -> None:
     """Refuse a plan that cannot mean what was asked, before any run (one ConfigError line)."""
+    from kvsim.resolve import resolve
     from kvsim.routers import resolve_router
-    from kvsim.run import check_config
 
     for name, value in (
         ("--slo-ttft-p99", settings.slo_ttft_p99_s),
@@ -112,7 +112,7 @@ def check_settings(settings: PlanSettings) -> None:
     for share in settings.pd_shares:
         if not 0 < share < 1:
             raise ConfigError(f"P/D prefill share: expected a fraction in (0, 1), got {share}")
-    check_config(settings.base)
+    resolve(settings.base)
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -363,7 +363,7 @@ class _RatePlanner:
         ladder = [capacity // COARSE_FACTOR**k for k in range(COARSE_STEPS)]
         ladder = [b for b in ladder if b > 0] + [0]
         current = best.shape.tier_size(name)
-        label = TIER_LABELS.get(name, name)
+        label = tier_kind(name).label
         if current == 0:
             top = yield from size(capacity)
             if not buys(top, best):

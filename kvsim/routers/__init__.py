@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
 from typing import Any
 
-from kvsim.errors import ConfigError, KvsimError, PluginError
+from kvsim.errors import KvsimError, PluginError
+from kvsim.plugin_params import build_params, parse_params
 from kvsim.plugins import Registry
 from kvsim.routers.base import (
     ClusterView,
-    ParamError,
     PrefixMatch,
     ReplicaLoad,
     Router,
@@ -78,65 +76,14 @@ def resolve_router(name: str) -> type[Router]:
     return _REGISTRY.resolve(name)
 
 
-def _coerce(name: str, field: str, default: Any, value: Any) -> Any:
-    """`value` as the type of the field's default, or a ConfigError naming both."""
-    if isinstance(default, bool):
-        ok = isinstance(value, bool)
-        kind = "true or false"
-    elif isinstance(default, int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        kind = "an integer"
-    elif isinstance(default, float):
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        value = float(value) if ok else value
-        kind = "a number"
-    elif isinstance(default, str):
-        ok = isinstance(value, str)
-        kind = "a string"
-    else:
-        return value
-    if not ok:
-        raise ConfigError(f"router {name!r}: parameter {field!r} must be {kind}, got {value!r}")
-    return value
-
-
-def _build_params(cls: type[Router], name: str, params: Mapping[str, Any]) -> Any:
-    if cls.Params is None:
-        raise ConfigError(f"router {name!r} takes no parameters, got {', '.join(sorted(params))}")
-    defaults = {f.name: f.default for f in fields(cls.Params)}
-    unknown = sorted(set(params) - set(defaults))
-    if unknown:
-        raise ConfigError(
-            f"router {name!r}: unknown parameter {unknown[0]!r}; "
-            f"valid: {', '.join(sorted(defaults))}"
-        )
-    values = {k: _coerce(name, k, defaults[k], v) for k, v in params.items()}
-    try:
-        return cls.Params(**values)
-    except ParamError as exc:
-        raise ConfigError(f"router {name!r}: {exc}") from None
-
-
 def parse_router_params(items: str | Sequence[str]) -> dict[str, dict[str, Any]]:
-    """'dynamo-kv.overlap_score_weight=2,sglang-cache-aware.balance_abs_threshold=16' ->
-    parameters per router name.
+    """'dynamo-kv.overlap_score_weight=2' -> parameters per router name (kvsim.plugin_params)."""
+    return parse_params(items, "router")
 
-    Values are read as JSON where they parse (numbers, true/false, quoted strings), else kept as
-    text, so `--router-param production-stack.mode=kvaware` works as typed."""
-    if isinstance(items, str):
-        items = [p for p in items.split(",") if p.strip()]
-    out: dict[str, dict[str, Any]] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        router, dot, field = key.strip().rpartition(".")
-        if not sep or not dot or not router or not field:
-            raise ConfigError(f"router parameter {item!r}: expected ROUTER.NAME=VALUE")
-        try:
-            value: Any = json.loads(text)
-        except json.JSONDecodeError:
-            value = text.strip()
-        out.setdefault(router, {})[field] = value
-    return out
+
+def check_router_params(name: str, params: Mapping[str, Any]) -> None:
+    """Refuse parameters that router `name` would refuse, without building it."""
+    build_params(resolve_router(name), "router", name, params)
 
 
 def make_router(
@@ -152,7 +99,7 @@ def make_router(
     builtin = _REGISTRY.is_builtin(name, cls)
     rng = rng if rng is not None else random.Random(0)
     try:
-        router = cls(_build_params(cls, name, params) if params else None, rng)
+        router = cls(build_params(cls, "router", name, params) if params else None, rng)
     except KvsimError:
         raise
     except Exception as exc:

@@ -42,17 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvsim.config import RunConfig
 from kvsim.engine.config import EngineConfig
-from kvsim.engine.settings import TIER_ORDER, resolve_settings
-from kvsim.errors import ConfigError, KvsimError, UnknownNameError
-from kvsim.hardware import load_profile
-from kvsim.models import load_model
-from kvsim.policies import make_policy
-from kvsim.routers import resolve_router
-from kvsim.run import RunConfig, check_config
+from kvsim.errors import ConfigError, KvsimError
+from kvsim.hardware.tier_kinds import TIER_NAMES
+from kvsim.resolve import resolve as resolve_run
 from kvsim.textio import read_utf8
-from kvsim.traces import trace_names
-from kvsim.traces.arrivals import check_arrival
 from kvsim.units import parse_size
 
 SECTIONS = ("base", "grid", "zip", "list", "configs")
@@ -218,25 +213,9 @@ def params_of(config: RunConfig, keys: Iterable[str]) -> dict[str, Any]:
 
 
 def check_configuration(config: RunConfig) -> None:
-    """`check_config`, and every name the run will look up (model, hardware, trace, policies,
-    router), so a typo fails the whole sweep up front instead of one run at a time."""
-    check_config(config)
-    if config.max_requests is not None and config.max_requests < 1:
-        raise ConfigError(f"max_requests: expected a positive integer, got {config.max_requests}")
-    for key in ("rate", "rate_scale", "cv", "slo_ttft_s", "slo_tpot_s"):
-        value = getattr(config, key)
-        if value is not None and not value > 0:
-            raise ConfigError(f"{key}: expected a positive number, got {value}")
-    check_arrival(config.arrival, config.cv)
-    load_model(config.model)
-    load_profile(config.hardware)
-    trace = config.trace
-    if trace not in trace_names() and not Path(trace).exists():
-        raise UnknownNameError("trace", trace, [*trace_names(), "a file path"])
-    settings = resolve_settings(config.engine)
-    for name in sorted(set(settings.policies.values())):
-        make_policy(name, settings.policy_params.get(name))
-    resolve_router(config.engine.router)
+    """`kvsim.resolve.resolve` with the result dropped: every name the run will look up and every
+    setting, so a typo fails the whole sweep up front instead of one run at a time."""
+    resolve_run(config)
 
 
 def describe(values: Mapping[str, Any]) -> str:
@@ -277,11 +256,11 @@ def _flat_key(key: str, name: str, where: str) -> str:
         return key
     if key in TABLE_KEYS:
         return TABLE_KEYS[key]
-    if key.startswith(_TIER_PREFIX) and key[len(_TIER_PREFIX) :] in TIER_ORDER:
+    if key.startswith(_TIER_PREFIX) and key[len(_TIER_PREFIX) :] in TIER_NAMES:
         return key
     raise ConfigError(
         f"{where}: {name}.{_printable(key)}: unknown key; valid: {', '.join(KEY_TYPES)}, "
-        f"tier_capacity.<{'|'.join(TIER_ORDER)}>"
+        f"tier_capacity.<{'|'.join(TIER_NAMES)}>"
     )
 
 
