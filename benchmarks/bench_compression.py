@@ -52,7 +52,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from kvsim.engine.config import EngineConfig
-    from kvsim.engine.simulation import kv_blocks_for
+    from kvsim.engine.resolve import resolve_engine
     from kvsim.hardware import load_profile
     from kvsim.models import load_model
     from kvsim.run import RunConfig, trace_options
@@ -63,7 +63,8 @@ def main() -> None:
     rows = []
     same: dict = {}
     if args.same_schedule:
-        blocks, _ = kv_blocks_for(load_model(base.model), load_profile(base.hardware), base.engine)
+        none = resolve_engine(base.engine, load_model(base.model), load_profile(base.hardware))
+        blocks = none.num_blocks
         same = {"tiers": "hbm", "num_gpu_blocks": blocks}
     texts = [p.strip() for p in args.profiles.split(";") if p.strip()]
     configs = {

@@ -13,10 +13,11 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import click
 
-from kvsim.errors import KvsimError
+from kvsim.errors import ConfigError, KvsimError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -379,7 +380,10 @@ def _default_out() -> Path:
     help="Results folder; must be new or empty. [runs/<time>]",
 )
 @click.option(
-    "--overwrite", is_flag=True, help="Replace the results already in --out (kvsim's files only)."
+    "--overwrite",
+    is_flag=True,
+    help="Replace the results already in --out, and OUT-baseline with --baseline "
+    "(kvsim's files only).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @click.option(
@@ -400,37 +404,14 @@ def run(
     Warnings (trace plausibility, refused requests, overload) go to stderr. A run in which no
     request completes writes its results, says why on stderr and exits 2.
     """
-    from kvsim.run import (
-        ResultsFolder,
-        RunConfig,
-        check_config,
-        nothing_completed,
-        summary_json,
-    )
-    from kvsim.run import run as run_sim
+    from kvsim.config import RunConfig
+    from kvsim.run import ResultsFolder, nothing_completed, run_resolved, summary_json
 
-    if options["seed"] is not None and options["seed"] < 0:
-        raise KvsimError(f"--seed: expected a non-negative integer, got {options['seed']}")
-    if options["policy"] is not None and not options["policy"].strip():
-        raise KvsimError(
-            "--policy: expected a policy name (e.g. lru) or one per tier (hbm=lru,dram=arc), got ''"
-        )
-    if options["router"] is not None and not options["router"].strip():
-        raise KvsimError("--router: expected a router name (e.g. round-robin), got ''")
-    _positive("rate", options["rate"])
-    _positive("rate-scale", options["rate_scale"])
-    _positive("cv", options["cv"])
-    if options["max_requests"] is not None and options["max_requests"] < 1:
-        raise KvsimError(
-            f"--max-requests: expected a positive integer, got {options['max_requests']}"
-        )
     if options.pop("no_prefix_caching"):
         options["enable_prefix_caching"] = False
     options["tier_capacity"] = ",".join(options["tier_capacity"]) or None
     options["policy_params"] = ",".join(options["policy_params"]) or None
     options["router_params"] = ",".join(options["router_params"]) or None
-    _positive("slo-ttft", options["slo_ttft_s"])
-    _positive("slo-tpot", options["slo_tpot_s"])
     options["max_num_batched_tokens"] = options.pop("max_batched_tokens")
     given = {k: v for k, v in options.items() if v is not None}
     base = RunConfig.from_toml(config_path) if config_path else RunConfig()
@@ -442,26 +423,27 @@ def run(
     config = dataclasses.replace(
         base, engine=engine, **{k: v for k, v in given.items() if k not in engine_keys}
     )
-    check_config(config)
-    base_config = None
+    resolved = _resolve_as_typed(config, set(given), config_path)
+    base_resolved = None
     if baseline_policy is not None:
-        base_config = dataclasses.replace(
-            config, engine=dataclasses.replace(config.engine, policy=baseline_policy)
+        base_engine = dataclasses.replace(config.engine, policy=baseline_policy)
+        base_resolved = _resolve_as_typed(
+            dataclasses.replace(config, engine=base_engine), {*given, "policy"}, config_path
         )
-        check_config(base_config)
     # fail before simulating when the results cannot be written there
     folder = ResultsFolder(Path(out) if out else _default_out(), overwrite)
     base_folder = None
-    if base_config is not None:
+    if base_resolved is not None:
         try:
-            base_folder = ResultsFolder(folder.out.with_name(folder.out.name + "-baseline"))
+            base_out = folder.out.with_name(folder.out.name + "-baseline")
+            base_folder = ResultsFolder(base_out, overwrite)
         except BaseException:
             folder.discard()
             raise
     progress = _Progress()
     try:
-        outcome = run_sim(config, progress=progress)
-        base_outcome = run_sim(base_config) if base_config is not None else None
+        outcome = run_resolved(resolved, progress=progress)
+        base_outcome = run_resolved(base_resolved) if base_resolved is not None else None
     except BaseException:
         folder.discard()
         if base_folder is not None:
@@ -490,6 +472,26 @@ def run(
         click.echo(f"warning: {warning}", err=True)
     if failed:
         raise KvsimError(f"{summary['run_warnings'][0]} (results in {out_dir})")
+
+
+def _resolve_as_typed(config: Any, given: set[str], config_path: str | None) -> Any:
+    """`kvsim.resolve.resolve`, its error naming the setting as the user typed it: the flag
+    when it came from the command line (`engine.seed: ...` -> `--seed: ...`), else the file."""
+    from kvsim.resolve import resolve
+
+    try:
+        return resolve(config)
+    except ConfigError as exc:
+        text = str(exc)
+        key, sep, rest = text.partition(": ")
+        name = key.removeprefix("engine.")
+        dest = {"max_num_batched_tokens": "max_batched_tokens"}.get(name, name)
+        if sep and name in given:
+            flags = {p.name: p.opts for p in click.get_current_context().command.params}
+            text = f"{max(flags.get(dest, ['--' + dest]), key=len)}: {rest}"
+        elif sep and config_path and key.replace(".", "_").isidentifier():
+            text = f"{config_path}: {text}"
+        raise ConfigError(text) from None
 
 
 # -- kvsim compare ---------------------------------------------------------------------------------
@@ -725,7 +727,7 @@ def size(
         strict=False,
     )
     report = {"hardware": profile.name, **report}
-    if comp.name != "none":
+    if not comp.identity:
         report["compression"] = compression_report(
             spec, comp, context, kv_dtype, tp, report["kv_capacity_bytes_per_rank"]
         )
@@ -808,7 +810,8 @@ _register_subcommands()
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: one-line errors with exit code 2 for anything the user got wrong."""
+    """One-line errors with exit code 2 for anything the user got wrong. A Ctrl-C propagates to
+    the console script's entry point, kvsim.__main__, which ends it in one line and exit 130."""
     try:
         cli.main(args=argv, prog_name="kvsim", standalone_mode=False)
     except KvsimError as exc:

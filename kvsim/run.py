@@ -7,7 +7,8 @@ Everything the CLI does, a notebook can call:
     outcome.summary["ttft_p50_s"]
     write_outputs(outcome, "runs/lru")
 
-Results folders. `write_outputs` writes into a temporary sibling (``<name>.partial-*``) and renames
+Results folders. `write_outputs` writes into a temporary sibling (``<name>.partial-*``, through
+`kvsim.atomic`, which removes those left by killed runs on the next write there) and renames
 it into place only when every file is written, with the ``COMPLETE`` marker last; a folder
 without ``COMPLETE`` is never a finished run (`is_complete`). A non-empty target is refused
 unless ``overwrite`` is given (and even then only when it holds nothing but kvsim's own result
@@ -21,8 +22,10 @@ written as ``null``: `summary_json` is the one writer for summary.json and ``--j
 Diagnostics in the summary: ``trace_warnings`` (the trace loader's plausibility warnings) and
 ``run_warnings``:
 
-- requests refused because each needs more KV blocks than a replica has (when nothing
-  completes at all this is the reason, and `kvsim run` exits 2: see `nothing_completed`);
+- requests refused because prompt + output exceeds the model's context (``max_context_tokens``,
+  as vLLM refuses a prompt beyond ``max_model_len``), with their count, or because each needs
+  more KV blocks than a replica has (when nothing completes at all this is the reason, and
+  `kvsim run` exits 2: see `nothing_completed`);
 - overload: a replica was busy at least ``OVERLOAD_BUSY`` of the time and its TTFT p50 exceeds
   ``OVERLOAD_TTFT_FACTOR`` × its median prefill time (first token − first scheduled), i.e.
   requests mostly waited in the queue: the offered load is more than the replicas can serve.
@@ -34,16 +37,9 @@ Diagnostics in the summary: ``trace_warnings`` (the trace loader's plausibility 
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import errno
 import json
 import math
-import os
-import secrets
-import shutil
-import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -53,18 +49,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvsim import __version__, tomlwrite
-from kvsim.compression import parse_compression
+from kvsim.atomic import AtomicFolder, WriteError, remove_stale
+from kvsim.config import RunConfig
 from kvsim.engine.config import EngineConfig
-from kvsim.engine.settings import resolve_settings
-from kvsim.engine.simulation import ProgressFn, RunResult, simulate
-from kvsim.engine.tiers import SHARED_TIERS, replica_share, resolve_profile
-from kvsim.errors import ConfigError
-from kvsim.hardware import load_profile
-from kvsim.metrics import Slo, summarize
-from kvsim.models import load_model
-from kvsim.models.dtypes import weight_dtype_bytes
-from kvsim.policies import make_policy
-from kvsim.textio import read_utf8
+from kvsim.engine.resolve import ResolvedEngine
+from kvsim.engine.simulation import ProgressFn, RunResult, run_engine
+from kvsim.engine.tiers import replica_share
+from kvsim.hardware.tier_kinds import SHARED_TIER_NAMES
+from kvsim.metrics import summarize
+from kvsim.resolve import ResolvedRun, resolve
 from kvsim.traces import Trace, load_trace
 from kvsim.traces.registry import run_requests
 from kvsim.units import format_bytes
@@ -80,143 +73,6 @@ OVERLOAD_BUSY = 0.95
 OVERLOAD_TTFT_FACTOR = 10.0
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    """A whole run: workload, model, hardware and engine settings. Defaults run anywhere.
-
-    ``weight_dtype`` is the weights' dtype; None means the model's native one (the catalog's
-    ``weight_dtype``: fp8 for DeepSeek-V3, bf16 for the others). `run` resolves it and sets
-    ``engine.weight_dtype``; an ``engine.weight_dtype`` other than bf16 (EngineConfig's default)
-    counts as a choice too, so code that set it there keeps its result.
-    """
-
-    trace: str = "sharegpt"
-    max_requests: int | None = None
-    rate: float | None = None
-    rate_scale: float = 1.0
-    arrival: str | None = None
-    cv: float | None = None
-    trace_format: str | None = None
-    tokenizer: str | None = None
-    skip_bad_rows: bool = False
-    model: str = "llama-3.1-8b"
-    weight_dtype: str | None = None
-    hardware: str = "h100-sxm"
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    slo_ttft_s: float | None = None
-    slo_tpot_s: float | None = None
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "trace": {
-                "name": self.trace,
-                "max_requests": self.max_requests,
-                "rate": self.rate,
-                "rate_scale": self.rate_scale,
-                "arrival": self.arrival,
-                "cv": self.cv,
-                "format": self.trace_format,
-                "tokenizer": self.tokenizer,
-                "skip_bad_rows": self.skip_bad_rows,
-            },
-            "model": {"name": self.model, "weight_dtype": self.weight_dtype},
-            "hardware": {"profile": self.hardware},
-            "engine": self.engine.as_dict(),
-            "slo": {"ttft_s": self.slo_ttft_s, "tpot_s": self.slo_tpot_s},
-        }
-
-    @classmethod
-    def from_toml(cls, path: str | Path) -> RunConfig:
-        """Read a config written by a previous run (or by hand, with the same tables).
-
-        Every table, key and value is checked here (a table is a table, a count an integer
-        below 2^63, a rate a finite number, a name a string), so a wrong one is one ConfigError
-        line naming the file and the key, never an AttributeError or TypeError later in the run.
-        """
-        text = read_utf8(Path(path), str(path), ConfigError)
-        try:
-            doc = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: {' '.join(str(exc).split())}") from None
-        except RecursionError:
-            raise ConfigError(f"{path}: invalid TOML: nested too deeply to parse") from None
-        except ValueError as exc:  # an integer of more than 4300 digits
-            raise ConfigError(f"{path}: invalid TOML: {' '.join(str(exc).split())}") from None
-        kinds = {"int": int, "float": float, "str": str, "bool": bool}
-        schema: dict[str, dict[str, type]] = {
-            "trace": {"name": str, "max_requests": int, "rate": float, "rate_scale": float,
-                      "arrival": str, "cv": float, "format": str, "tokenizer": str,
-                      "skip_bad_rows": bool},
-            "model": {"name": str, "weight_dtype": str},
-            "hardware": {"profile": str},
-            "engine": {f.name: kinds[str(f.type).split("|")[0].strip()]
-                       for f in dataclasses.fields(EngineConfig)},
-            "slo": {"ttft_s": float, "tpot_s": float},
-        }  # fmt: skip
-
-        def key_name(key: str) -> str:  # a key with a newline must not break the line
-            return key if key.isprintable() else repr(key)
-
-        def value(kind: type, got: object, where: str) -> object:
-            def bad(expected: str) -> ConfigError:
-                return ConfigError(f"{path}: {where}: expected {expected}, got {got!r:.60}")
-
-            if kind is bool and type(got) is not bool:
-                raise bad("true or false")
-            if kind is int and (type(got) is not int or not -(2**63) <= got < 2**63):
-                raise bad("an integer below 2^63")
-            if kind is float:
-                if type(got) not in (int, float) or not -1e300 < got < 1e300:  # NaN fails too
-                    raise bad("a finite number")
-                return float(got)
-            if kind is str and (not isinstance(got, str) or "\x00" in got):
-                raise bad("a string (without NUL characters)")
-            return got
-
-        tables: dict[str, dict[str, Any]] = {}
-        for name, got in doc.items():
-            if name not in schema:
-                raise ConfigError(
-                    f"{path}: unknown table [{key_name(name)}]; expected {sorted(schema)}"
-                )
-            if not isinstance(got, dict):
-                raise ConfigError(f"{path}: {name}: expected a [{name}] table, got {got!r:.60}")
-            tables[name] = {}
-            for key, item in got.items():
-                if key not in schema[name]:
-                    what = "unknown setting" if name == "engine" else "unknown key"
-                    valid = ", ".join(schema[name])
-                    raise ConfigError(f"{path}: {name}.{key_name(key)}: {what}; valid: {valid}")
-                tables[name][key] = value(schema[name][key], item, f"{name}.{key}")
-        trace, model, engine = (tables.get(k, {}) for k in ("trace", "model", "engine"))
-        weight_dtype = model.get("weight_dtype", engine.get("weight_dtype"))
-        if "weight_dtype" in engine and weight_dtype != engine["weight_dtype"]:
-            raise ConfigError(
-                f"{path}: model.weight_dtype {weight_dtype!r} disagrees with "
-                f"engine.weight_dtype {engine['weight_dtype']!r}; give one"
-            )
-        try:
-            return cls(
-                trace=trace.get("name", cls.trace),
-                max_requests=trace.get("max_requests"),
-                rate=trace.get("rate"),
-                rate_scale=trace.get("rate_scale", 1.0),
-                arrival=trace.get("arrival"),
-                cv=trace.get("cv"),
-                trace_format=trace.get("format"),
-                tokenizer=trace.get("tokenizer"),
-                skip_bad_rows=trace.get("skip_bad_rows", False),
-                model=model.get("name", cls.model),
-                weight_dtype=weight_dtype,
-                hardware=tables.get("hardware", {}).get("profile", cls.hardware),
-                engine=EngineConfig(**engine),
-                slo_ttft_s=tables.get("slo", {}).get("ttft_s"),
-                slo_tpot_s=tables.get("slo", {}).get("tpot_s"),
-            )
-        except TypeError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
-
-
 @dataclass
 class RunOutcome:
     config: RunConfig  # as resolved: the weight dtype the run used is filled in
@@ -224,52 +80,13 @@ class RunOutcome:
     summary: dict[str, object]
 
 
-def check_config(config: RunConfig) -> None:
-    """Refuse values the engine would take without complaint but cannot mean what was asked."""
-    engine = config.engine
-    seed = engine.seed
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ConfigError(f"seed: expected a non-negative integer, got {seed!r}")
-    if not engine.policy.strip():
-        raise ConfigError(
-            "policy: expected a policy name (e.g. lru) or one per tier (hbm=lru,dram=arc), got ''"
-        )
-    if config.weight_dtype is not None:
-        weight_dtype_bytes(config.weight_dtype)  # unknown names fail here, listing the valid
-    parse_compression(engine.compression)  # an unknown profile or key fails before any work
-    settings = resolve_settings(engine)
-    used = sorted(set(settings.policies.values()))
-    for name, params in settings.policy_params.items():
-        if name not in used:
-            raise ConfigError(
-                f"policy parameter {name}.{next(iter(params))}: policy {name!r} is not used in "
-                f"this run (policies: {', '.join(used)})"
-            )
-        make_policy(name, params)  # types, names and finiteness of every value, before any work
-
-
-def resolve_weight_dtype(config: RunConfig, native: str) -> str:
-    """The weight dtype a run uses: the config's, else a non-default engine one, else `native`."""
-    if config.weight_dtype is not None:
-        return config.weight_dtype
-    default = EngineConfig.__dataclass_fields__["weight_dtype"].default
-    return config.engine.weight_dtype if config.engine.weight_dtype != default else native
-
-
-def default_length(config: RunConfig) -> RunConfig:
-    """`config` with ``max_requests`` set to its trace's default run length when it names none
-    (a built-in trace too long to replay in seconds runs its first N requests; see
-    `kvsim.traces.registry.TraceInfo.run_requests`)."""
-    if config.max_requests is not None:
-        return config
-    return dataclasses.replace(config, max_requests=run_requests(config.trace))
-
-
 def trace_options(config: RunConfig) -> dict[str, Any]:
     """`load_trace`'s keyword arguments for a config: two configs with equal options (and the
-    same ``config.trace``) replay the same trace, so a sweep worker can load it once."""
+    same ``config.trace``) replay the same trace, so a sweep worker can load it once. A config
+    that names no run length gets its trace's default (`TraceInfo.run_requests`)."""
+    max_requests = config.max_requests
     return {
-        "max_requests": default_length(config).max_requests,
+        "max_requests": run_requests(config.trace) if max_requests is None else max_requests,
         "rate": config.rate,
         "rate_scale": config.rate_scale,
         "seed": config.engine.seed,
@@ -284,42 +101,37 @@ def trace_options(config: RunConfig) -> dict[str, Any]:
 def run(
     config: RunConfig, progress: ProgressFn | None = None, *, trace: Trace | None = None
 ) -> RunOutcome:
-    """Load everything the config names, simulate, and summarise. Raises KvsimError on bad input.
+    """Resolve the config, load its trace, simulate, and summarise (KvsimError on bad input).
 
     `trace`, when given, must be ``load_trace(config.trace, **trace_options(config))``, loaded
     earlier (kvsim.sweep reuses one per worker); otherwise it is loaded here.
     """
-    check_config(config)
-    config = default_length(config)
-    slo = Slo(config.slo_ttft_s, config.slo_tpot_s)
-    model = load_model(config.model)
-    weight_dtype = resolve_weight_dtype(config, model.weight_dtype)
-    # the resolved config records the compression's canonical label (defaults filled in)
-    compression = parse_compression(config.engine.compression)
-    config = dataclasses.replace(
-        config,
-        weight_dtype=weight_dtype,
-        engine=dataclasses.replace(
-            config.engine, weight_dtype=weight_dtype, compression=compression.label
-        ),
-    )
-    profile = load_profile(config.hardware)
+    return run_resolved(resolve(config), progress, trace=trace)
+
+
+def run_resolved(
+    resolved: ResolvedRun, progress: ProgressFn | None = None, *, trace: Trace | None = None
+) -> RunOutcome:
+    """`run` for a config `kvsim.resolve.resolve` has already checked."""
+    config, model, engine = resolved.config, resolved.model, resolved.engine
     if trace is None:
         trace = load_trace(config.trace, **trace_options(config))
-    result = simulate(trace, model, profile, config.engine, progress=progress)
+    result = run_engine(trace, engine, progress=progress)
     summary: dict[str, Any] = {
         "trace": config.trace,
         "skipped_rows": trace.skipped_rows,
         "trace_warnings": list(trace.warnings),
         "model": model.name,
-        "weight_dtype": weight_dtype,
-        "hardware": profile.name,
+        "weight_dtype": config.weight_dtype,
+        "hardware": resolved.profile.name,
         "policy": config.engine.policy,
-        **summarize(result, slo),
-        **compression_figures(result, compression),
+        **summarize(result, resolved.slo),
+        **compression_figures(result, engine.compression),
     }
-    summary["tiers_per_replica"] = tiers_per_replica(summary, profile, config.engine)
-    summary["run_warnings"] = run_warnings(summary, result, config.engine)
+    summary["tiers_per_replica"] = tiers_per_replica(summary, engine)
+    summary["run_warnings"] = run_warnings(
+        summary, result, config.engine, max_context=model.max_context_tokens
+    )
     return RunOutcome(config, result, summary)
 
 
@@ -342,7 +154,7 @@ def compression_figures(result: RunResult, comp: Any) -> dict[str, Any]:
         "peak_hbm_kv_bytes": int(result.peak_hbm_kv_bytes),
         "quality": quality_figures(comp),
     }
-    if comp.name == "auto" and result.request_compression is not None:
+    if comp.per_request_choice and result.request_compression is not None:
         labels = result.request_compression.to_numpy(zero_copy_only=False)
         out["compression_chosen"] = {
             c.label: int((labels == c.label).sum()) for c in comp.candidates
@@ -355,9 +167,9 @@ def quality_figures(comp: Any) -> dict[str, Any]:
     """One profile's published quality point as a flat dict, or the reason there is none."""
     from kvsim.compression import quality, quality_reason
 
-    if comp.name == "none":
+    if comp.identity:
         return {"retained": 1.0, "note": "uncompressed"}
-    if comp.name == "auto":
+    if comp.per_request_choice:
         return {"retained": None, "note": "per request: see quality_by_candidate"}
     point = quality(comp)
     if point is None:
@@ -392,7 +204,7 @@ def format_quality(summary: dict[str, Any]) -> str:
 
 # -- diagnostics -----------------------------------------------------------------------------------
 def tiers_per_replica(
-    summary: dict[str, Any], profile: Any, engine: EngineConfig
+    summary: dict[str, Any], engine: ResolvedEngine
 ) -> dict[str, dict[str, float]]:
     """Each lower tier's capacity as one replica sees it, and the tier it is a share of.
 
@@ -401,17 +213,18 @@ def tiers_per_replica(
     the tier's blocks (summed over replicas in the summary) per replica × bytes per tier block
     (every rank's share of a block: kv_block_bytes_per_rank × tp).
     """
-    resolved = resolve_profile(profile, resolve_settings(engine))
-    replicas = engine.replica_count
-    block_bytes = summary["kv_block_bytes_per_rank"] * engine.tp
+    resolved, replicas, tp = engine.profile, engine.replica_count, engine.config.tp
+    block_bytes = summary["kv_block_bytes_per_rank"] * tp
     out: dict[str, dict[str, float]] = {}
     for name, stats in summary["tiers"].items():
         spec = resolved.tier(name)
         out[name] = {
             "capacity_bytes": int(stats["capacity_blocks"] * block_bytes // replicas),
             "tier_capacity_bytes": int(spec.capacity_bytes),
-            "share": replica_share(resolved, spec, engine.tp),
-            "shared_by_nodes": int(max(spec.shared_by_nodes, 1)) if name in SHARED_TIERS else 1,
+            "share": replica_share(resolved, spec, tp),
+            "shared_by_nodes": (
+                int(max(spec.shared_by_nodes, 1)) if name in SHARED_TIER_NAMES else 1
+            ),
         }
     return out
 
@@ -436,10 +249,18 @@ def nothing_completed(summary: dict[str, Any]) -> bool:
     return summary["requests"] > 0 and summary["completed"] == 0
 
 
-def run_warnings(summary: dict[str, Any], result: RunResult, engine: EngineConfig) -> list[str]:
-    """Why requests did not complete, and whether the replicas were overloaded."""
+def run_warnings(
+    summary: dict[str, Any],
+    result: RunResult,
+    engine: EngineConfig,
+    max_context: int | None = None,
+) -> list[str]:
+    """Why requests did not complete, and whether the replicas were overloaded.
+
+    `max_context` is the model's ``max_context_tokens``: refused requests longer than it are
+    counted apart from those refused for want of KV blocks."""
     warnings = []
-    refused = _refusal(summary, result, engine)
+    refused = _refusal(summary, result, engine, max_context)
     if refused:
         warnings.append(refused)
     overload = _overload(summary, result, engine)
@@ -448,7 +269,9 @@ def run_warnings(summary: dict[str, Any], result: RunResult, engine: EngineConfi
     return warnings + result.warnings  # settings for tiers the run does not use
 
 
-def _refusal(summary: dict[str, Any], result: RunResult, engine: EngineConfig) -> str | None:
+def _refusal(
+    summary: dict[str, Any], result: RunResult, engine: EngineConfig, max_context: int | None
+) -> str | None:
     t = result.requests
     status = t.column("status").to_numpy(zero_copy_only=False)
     rejected = status == "rejected"
@@ -458,14 +281,25 @@ def _refusal(summary: dict[str, Any], result: RunResult, engine: EngineConfig) -
         return None
     head = f"{completed} of {n} requests completed"
     parts = []
-    if rejected.any():
-        needs = (
-            t.column("input_tokens").to_numpy()[rejected]
-            + t.column("output_tokens").to_numpy()[rejected]
+    needs = (
+        t.column("input_tokens").to_numpy()[rejected]
+        + t.column("output_tokens").to_numpy()[rejected]
+    )
+    if max_context is not None and (needs > max_context).any():
+        long = needs > max_context
+        count = int(long.sum())
+        every = f"all {n}" if count == n else str(count)
+        parts.append(
+            f"{every} {'was' if count == 1 else 'were'} refused because prompt + output exceeds "
+            f"the model's context of "
+            f"{max_context:,} tokens (vLLM refuses a prompt beyond max_model_len; the longest "
+            f"refused request has {int(needs[long].max()):,} tokens)"
         )
+        needs = needs[~long]
+    if needs.size:
         blocks, bs = int(summary["kv_blocks"]), engine.block_size
         smallest = int(needs.min())
-        every = f"all {n}" if rejected.all() else str(int(rejected.sum()))
+        every = f"all {n}" if needs.size == n else str(needs.size)
         parts.append(
             f"{every} were refused because each needs more KV blocks than a replica has "
             f"(a replica holds {blocks:,} block{'s' if blocks != 1 else ''} of {bs} tokens = "
@@ -475,7 +309,7 @@ def _refusal(summary: dict[str, Any], result: RunResult, engine: EngineConfig) -
     if unfinished:
         parts.append(f"{unfinished} had not finished when the simulation ended")
     hint = ""
-    if rejected.any():
+    if needs.size:
         hint = (
             "; give each replica more KV: a larger or no --num-gpu-blocks, a larger --tp, "
             "a smaller --kv-dtype or --weight-dtype, or a GPU with more HBM"
@@ -528,7 +362,7 @@ def _overload(summary: dict[str, Any], result: RunResult, engine: EngineConfig) 
     if not figures:
         return None
     busy, p50, pre = figures
-    count = engine.replica_count
+    count = len(result.replicas)
     who = "1 replica" if count == 1 else f"the {count} replicas"
     return (
         f"the offered load exceeds what {who} can serve: busy {busy:.0%} of the time, and TTFT "
@@ -576,61 +410,43 @@ def is_complete(folder: str | Path) -> bool:
     return (Path(folder) / COMPLETE_MARKER).is_file()
 
 
-class ResultsFolder:
+class ResultsFolder(AtomicFolder):
     """Where one run's results go: checked and reserved before the run, filled after it.
 
     Creating one checks the target (not a file; empty, or ``overwrite`` and holding only kvsim
     results) and creates the temporary sibling it writes into, so an unwritable place fails
-    before any simulation. `write` fills it and renames it into place; `discard` removes it.
+    before any simulation; stale temporaries of killed runs to the same folder are removed
+    (`kvsim.atomic`). `write` fills it and renames it into place; `discard` removes it.
     """
 
-    def __init__(self, out: str | Path, overwrite: bool = False) -> None:
-        self.out = Path(out)
-        self.overwrite = overwrite
-        self._check_target()
-        parent = self.out.parent
-        self._made: list[Path] = []  # parent folders this created, removed again by discard
-        missing = parent
-        while not missing.exists() and missing != missing.parent:
-            self._made.append(missing)
-            missing = missing.parent
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-            self.tmp = _fresh_dir(parent, f"{self.out.name}.partial-")
-        except OSError as exc:
-            self._remove_made()
-            raise ConfigError(
-                f"{self.out}: cannot create the results folder there: {exc.strerror or exc}"
-            ) from None
+    what = "the results folder"
 
-    def _check_target(self) -> None:
+    def check_target(self) -> None:
         out = self.out
         if out.exists() and not out.is_dir():
-            raise ConfigError(f"{out}: is a file, not a folder; give a folder for the results")
-        if not out.is_dir():
-            return
-        try:
-            entries = sorted(e.name for e in out.iterdir())
-        except OSError as exc:
-            raise ConfigError(f"{out}: cannot read the folder: {exc.strerror or exc}") from None
+            raise WriteError(f"{out}: is a file, not a folder; give a folder for the results")
+        if self.overwrite and out.is_dir():
+            remove_stale(out, "report")  # a report killed while being written
+        entries = self.entries()
         if not entries:
             return
         if not self.overwrite:
-            raise ConfigError(
+            raise WriteError(
                 f"{out}: folder is not empty; pass --overwrite to replace the results in it, "
                 "or choose another --out"
             )
         # `kvsim report` writes its page into the run's report/ folder: kvsim's too
         foreign = [name for name in entries if name not in RESULT_FILES and name != "report"]
         if foreign:
-            raise ConfigError(
+            raise WriteError(
                 f"{out}: holds {foreign[0]!r}, which is not a kvsim result file; refusing to "
                 "replace the folder even with --overwrite"
             )
 
     def write(self, outcome: RunOutcome) -> Path:
         """Write every result into the temporary folder, ``COMPLETE`` last, then rename it into
-        place. Raises ConfigError (the temporary folder removed) when a write fails."""
+        place. Raises WriteError (a ConfigError; the temporary folder removed) when a write
+        fails."""
         tables = {"requests.parquet": outcome.result.requests_with_compression()}
         if outcome.result.timeline is not None:
             tables["timeline.parquet"] = outcome.result.timeline
@@ -641,8 +457,8 @@ class ResultsFolder:
     ) -> Path:
         """`write` with the Parquet tables chosen by the caller (a sweep may keep none of them):
         each of `tables` (named from RESULT_FILES), config.toml, summary.json, ``COMPLETE``."""
-        tmp = self.tmp
-        try:
+
+        def fill(tmp: Path) -> None:
             for name, table in tables.items():
                 pq.write_table(table, tmp / name)
             (tmp / "config.toml").write_text(tomlwrite.dumps(config.as_dict()))
@@ -650,86 +466,8 @@ class ResultsFolder:
             (tmp / COMPLETE_MARKER).write_text(
                 f"kvsim {__version__}: every result file in this folder was written\n"
             )
-        except OSError as exc:
-            self.discard()
-            raise ConfigError(f"{self.out}: cannot write results: {exc.strerror or exc}") from None
-        self._install()
-        return self.out
 
-    def _install(self) -> None:
-        try:
-            os.rename(self.tmp, self.out)  # onto a missing or empty folder only
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not self.overwrite:
-                aside = self._aside()
-                why = (
-                    "another run wrote its results there while this one ran"
-                    if exc.errno in (errno.ENOTEMPTY, errno.EEXIST)
-                    else f"cannot move the results into place: {exc.strerror or exc}"
-                )
-                raise ConfigError(f"{self.out}: {why}; this run's results are in {aside}") from None
-        self._check_target()  # still only kvsim results, or refuse
-        old = _fresh_dir(self.out.parent, f"{self.out.name}.old-")
-        try:
-            os.rename(self.out, old)  # the previous results, aside until the new ones are in
-        except OSError as exc:
-            old.rmdir()
-            aside = self._aside()
-            raise ConfigError(
-                f"{self.out}: cannot replace the folder ({exc.strerror or exc}); this run's "
-                f"results are in {aside}"
-            ) from None
-        try:
-            os.rename(self.tmp, self.out)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.rename(old, self.out)  # put the previous results back
-            aside = self._aside()
-            raise ConfigError(
-                f"{self.out}: cannot replace the folder ({exc.strerror or exc}); this run's "
-                f"results are in {aside}"
-            ) from None
-        shutil.rmtree(old, ignore_errors=True)
-
-    def _aside(self) -> Path:
-        """Move the finished temporary folder to the first free ``<out>-N`` and return it."""
-        n = 2
-        while True:
-            aside = self.out.with_name(f"{self.out.name}-{n}")
-            if not aside.exists():
-                try:
-                    os.rename(self.tmp, aside)
-                    return aside
-                except OSError:
-                    pass
-            n += 1
-            if n > 1000:
-                return self.tmp
-
-    def discard(self) -> None:
-        """Remove the temporary folder (and any parent folders this created)."""
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        self._remove_made()
-
-    def _remove_made(self) -> None:
-        for folder in self._made:
-            try:
-                folder.rmdir()
-            except OSError:
-                break
-
-
-def _fresh_dir(parent: Path, prefix: str) -> Path:
-    """A new empty folder ``<parent>/<prefix><pid>-<random>``, with the user's umask (unlike
-    tempfile.mkdtemp's 0700, which the results folder would keep after the rename)."""
-    while True:
-        path = parent / f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
+        return self.fill(fill, "cannot write results")
 
 
 def write_outputs(outcome: RunOutcome, out_dir: str | Path, overwrite: bool = False) -> Path:

@@ -17,11 +17,10 @@ from helpers import Req, make_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvsim.costmodel import RooflineCostModel
 from kvsim.engine import EngineConfig, simulate
-from kvsim.engine import replica as replica_module
-from kvsim.engine.replica import Replica
+from kvsim.engine.scheduler import Scheduler
 from kvsim.hardware import load_profile
-from kvsim.hardware.costmodel import RooflineCostModel
 from kvsim.metrics import Slo, summarize
 from kvsim.models import load_model
 from kvsim.models.sizing import kv_bytes_per_token
@@ -138,7 +137,7 @@ def test_cluster_invariants(case):
     reqs, engine = case
     submitted: dict[int, int] = {}
     checks = []
-    claim, complete = Replica._claim, Replica._complete
+    claim, complete = Scheduler._claim, Scheduler._complete
 
     def counting_claim(self, request):  # a replica takes a request on: submitted or handed on
         if request.handoff is None or request.handoff == "prefill":
@@ -147,10 +146,10 @@ def test_cluster_invariants(case):
 
     def checked_complete(self, decoders, batch):
         complete(self, decoders, batch)
-        self.pool.check()
-        assert 0 <= self.pool.used <= self.pool.num_blocks  # no replica over its HBM
-        if self.hierarchy is not None:
-            self.hierarchy.check()  # capacity and conservation, shared tiers included
+        self.kv.pool.check()
+        assert 0 <= self.kv.pool.used <= self.kv.pool.num_blocks  # no replica over its HBM
+        if self.kv.hierarchy is not None:
+            self.kv.hierarchy.check()  # capacity and conservation, shared tiers included
         checks.append(1)
         # blocks hold computed tokens (the scheduler's decode fast path relies on it)
         assert all(
@@ -158,13 +157,13 @@ def test_cluster_invariants(case):
             for r in self.running
         )
 
-    replica_module.Replica._claim = counting_claim
-    replica_module.Replica._complete = checked_complete
+    Scheduler._claim = counting_claim
+    Scheduler._complete = checked_complete
     try:
         result, rows = sim(reqs, **engine)
     finally:
-        replica_module.Replica._claim = claim
-        replica_module.Replica._complete = complete
+        Scheduler._claim = claim
+        Scheduler._complete = complete
     capacity = engine["num_gpu_blocks"] * engine["block_size"]
     for row, i in enumerate(rows["request_id"]):
         r = reqs[i]
@@ -356,7 +355,14 @@ def kvsim(*args: str) -> subprocess.CompletedProcess[str]:
         (["--pd", "2"], "expected P:D"),
         (["--replicas", "0"], "replicas"),
         (["--replicas", "3", "--pd", "1:1"], "disagrees"),
-        (["--router-refresh-s", "-1"], "router_refresh_s"),
+        (["--router-refresh-s", "-1"], "--router-refresh-s: expected a non-negative"),
+        (["--router-refresh-s", "inf"], "--router-refresh-s: expected a non-negative"),
+        (["--router-refresh-s", "1e-9"], "give 0 (exact state) or at least 0.001 s"),
+        (["--replicas", "1", "--pd", "2:2"], "disagrees"),
+        (["--replicas", "1000000", "--tp", "8"], "kvsim models at most 100,000"),
+        (["--pd-threshold", str(2**63)], "--pd-threshold: expected a non-negative token count"),
+        (["--router-param", "llm-d.x=1"], "router 'llm-d': unknown parameter 'x'"),
+        (["--router-param", "dynamo-kv.temperature=NaN"], "expected a finite number"),
         (["--router-param", "dynamo-kv.nope=1", "--router", "dynamo-kv"], "nope"),
         (["--slo-ttft", "0"], "--slo-ttft"),
     ],

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -20,8 +19,9 @@ from kvsim.capacity import profile_capacity_report
 from kvsim.compression import bytes_per_kept_token, compressed_kv_bytes, parse_compression
 from kvsim.engine.compress import EngineCompression, page_bytes
 from kvsim.engine.config import EngineConfig
-from kvsim.engine.replica import Replica
-from kvsim.engine.simulation import kv_blocks_for, simulate
+from kvsim.engine.pricing import CompressedPricer
+from kvsim.engine.resolve import resolve_engine
+from kvsim.engine.simulation import simulate
 from kvsim.errors import ConfigError
 from kvsim.hardware import load_profile
 from kvsim.kvcache.link import Link
@@ -68,8 +68,10 @@ def test_quant_page_bytes_and_pool_growth_by_hand():
     # zero-point = 80 for K, 80 for V; x 8 heads x 32 layers = 40,960 bytes; x 16 tokens
     assert page_bytes(MODEL, quant, 16, "bf16", 1) == 16 * 40_960 == 655_360
     config = EngineConfig(compression="quant:k=4,v=4")
-    none_blocks, none_bytes = kv_blocks_for(MODEL, PROFILE, EngineConfig())
-    blocks, nbytes = kv_blocks_for(MODEL, PROFILE, config, 655_360)
+    none = resolve_engine(EngineConfig(), MODEL, PROFILE)
+    none_blocks, none_bytes = none.num_blocks, none.block_bytes
+    quant = resolve_engine(config, MODEL, PROFILE)
+    blocks, nbytes = quant.num_blocks, quant.block_bytes
     cap = profile_capacity_report(MODEL, PROFILE)["kv_capacity_bytes_per_rank"]
     assert (none_bytes, nbytes) == (PAGE, 655_360)
     assert blocks == int(cap // 655_360) and none_blocks == int(cap // PAGE)
@@ -243,25 +245,17 @@ def test_decode_reads_only_the_kept_tokens():
 
 
 # -- InfiniGen ----------------------------------------------------------------------------------
-def _replica(env: simpy.Environment, link: Link) -> Replica:
-    kv = SimpleNamespace(load_overlap="none")
-    cost = SimpleNamespace(request_overhead_s=0.0)
-    replica = Replica(env, EngineConfig(), kv, cost, lambda r: None)  # type: ignore[arg-type]
-    replica.host_link = link
-    return replica
-
-
 def _step_s(fetch: float, compute_s: float, traffic: float = 0.0) -> float:
     env = simpy.Environment()
     link = Link(env, "dram", 50e9, 50e9, 2e-6)
-    replica = _replica(env, link)
+    pricer = CompressedPricer(env, None, host_link=link)  # type: ignore[arg-type]
     took = {}
 
     def step():
         if traffic:
             link.transfer(int(traffic))  # a tier load towards HBM on the same link
         start = env.now
-        yield from replica._fetching(compute_s, fetch)
+        yield from pricer.fetching(compute_s, fetch)
         took["s"] = env.now - start
 
     env.process(step())

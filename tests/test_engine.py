@@ -11,10 +11,10 @@ from helpers import Req, make_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvsim.costmodel import RooflineCostModel
 from kvsim.engine import EngineConfig, simulate
-from kvsim.engine import replica as replica_module
+from kvsim.engine import scheduler as scheduler_module
 from kvsim.hardware import load_profile
-from kvsim.hardware.costmodel import RooflineCostModel
 from kvsim.models import load_model
 from kvsim.policies import builtin_policy_names
 
@@ -162,15 +162,15 @@ def workloads(draw):
 def test_invariants_under_random_workloads(case):
     reqs, engine = case
     checks = []
-    complete = replica_module.Replica._complete
-    advance = replica_module.Replica._advance_decode
+    complete = scheduler_module.Scheduler._complete
+    advance = scheduler_module.Scheduler._advance_decode
 
     def check(replica):
-        replica.pool.check()
+        replica.kv.pool.check()
         uncached = sum(r.held_blocks - len(r.held_cached) for r in replica.running)
         pinned = {r.hashes[p] for r in replica.running for p in r.held_cached}
         # every block is accounted for exactly once, and HBM is never over capacity
-        assert uncached + len(pinned) == replica.pool.used <= replica.pool.num_blocks
+        assert uncached + len(pinned) == replica.kv.pool.used <= replica.kv.pool.num_blocks
         # a request's blocks hold its computed tokens (the scheduler's decode fast path reads
         # its table only when the last block is full)
         assert all(
@@ -187,13 +187,13 @@ def test_invariants_under_random_workloads(case):
         advance(self, batch, steps, first_step_end_s)
         check(self)
 
-    replica_module.Replica._complete = checked_complete
-    replica_module.Replica._advance_decode = checked_advance
+    scheduler_module.Scheduler._complete = checked_complete
+    scheduler_module.Scheduler._advance_decode = checked_advance
     try:
         _result, rows = run(reqs, **engine)
     finally:
-        replica_module.Replica._complete = complete
-        replica_module.Replica._advance_decode = advance
+        scheduler_module.Scheduler._complete = complete
+        scheduler_module.Scheduler._advance_decode = advance
     assert checks or all(s == "rejected" for s in rows["status"])
     capacity = engine["num_gpu_blocks"] * engine["block_size"]
     for row, i in enumerate(rows["request_id"]):
@@ -207,12 +207,15 @@ def test_invariants_under_random_workloads(case):
 
 
 def test_engine_config_rejects_nonsense():
+    from kvsim.engine.resolve import check_fields
     from kvsim.errors import ConfigError
 
     with pytest.raises(ConfigError, match="block_size"):
-        EngineConfig(block_size=0)
+        check_fields(EngineConfig(block_size=0))
     with pytest.raises(ConfigError, match="num_gpu_blocks"):
-        dataclasses.replace(EngineConfig(), num_gpu_blocks=0)
+        check_fields(dataclasses.replace(EngineConfig(), num_gpu_blocks=0))
+    with pytest.raises(ConfigError, match="block_size"):  # and every run checks them
+        simulate(make_trace([Req([(1, 16)], 4)]), MODEL, PROFILE, EngineConfig(block_size=0))
 
 
 @pytest.mark.parametrize("policy", builtin_policy_names())

@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_hierarchy import tiered_workloads
 
+from kvsim.costmodel import make_cost_model
 from kvsim.engine import EngineConfig, simulate
-from kvsim.engine import replica as replica_module
+from kvsim.engine import scheduler as scheduler_module
 from kvsim.engine.tiers import layer_pieces, pieces_per_block
 from kvsim.errors import ConfigError
 from kvsim.hardware import load_profile
-from kvsim.hardware.measured import make_cost_model
 from kvsim.kvcache.link import Link
 from kvsim.kvcache.overlap import bidirectional_split, layerwise_s
 from kvsim.models import kv_bytes_per_token, load_model
@@ -374,12 +374,12 @@ def test_overlapped_loads_keep_every_invariant(case, overlap):
     hierarchies) with loads overlapping compute: every request completes, capacity and block
     conservation hold after every iteration."""
     reqs, engine = case
-    complete = replica_module.Replica._complete
+    complete = scheduler_module.Scheduler._complete
 
     def checked(self, decoders, batch):
         complete(self, decoders, batch)
-        if self.hierarchy is not None:
-            self.hierarchy.check()
+        if self.kv.hierarchy is not None:
+            self.kv.hierarchy.check()
         assert self.gated == sum(1 for r in self.running if r.gate is not None)
         # blocks hold computed tokens (the scheduler's decode fast path relies on it)
         assert all(
@@ -387,11 +387,11 @@ def test_overlapped_loads_keep_every_invariant(case, overlap):
             for r in self.running
         )
 
-    replica_module.Replica._complete = checked
+    scheduler_module.Scheduler._complete = checked
     try:
         result = simulate(
             make_trace(reqs), MODEL, PROFILE, EngineConfig(load_overlap=overlap, **engine)
         )
     finally:
-        replica_module.Replica._complete = complete
+        scheduler_module.Scheduler._complete = complete
     assert all(s == "completed" for s in result.requests.column("status").to_pylist())

@@ -15,15 +15,13 @@ into the ``[measured]`` tables that kvsim calibrate would write on that GPU:
   sampler, process outputs), else the base profile's iteration overhead.
 
 What Vidur lacks (the LM head always; attention or all-reduce at some shapes) is filled from the
-base profile's kernel roofline (kvsim.hardware.kernels) and listed in ``filled_from_roofline``.
+base profile's kernel roofline (kvsim.costmodel.kernels) and listed in ``filled_from_roofline``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvsim.atomic import write_file
 from kvsim.calibrate.vidur import (
     ELEMENTWISE_OPS,
     GEMM_OPS,
@@ -40,9 +39,11 @@ from kvsim.calibrate.vidur import (
     read_attention,
     read_mlp,
 )
+from kvsim.costmodel.family_rooflines import LayerAttention as _Attention
+from kvsim.costmodel.kernels import KernelRates
+from kvsim.costmodel.shapes import gemm_shapes, supported
 from kvsim.errors import ConfigError
-from kvsim.hardware.kernels import KernelRates
-from kvsim.hardware.measured import _Attention, _pairs, gemm_shapes, supported
+from kvsim.hardware.attention_pairs import causal_pairs as _pairs
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec
 from kvsim.tomlwrite import dumps
@@ -508,19 +509,12 @@ def _toml_str(text: str) -> str:
     return dumps({"x": text}).split("=", 1)[1].strip()
 
 
-def write_atomically(out: Path, text: str, check: Callable[[Path], Any]) -> Any:
-    """Write ``text`` to ``out`` only if ``check(path)`` accepts it, so a failure leaves nothing."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=".toml", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        result = check(Path(tmp))
-        umask = os.umask(0o022)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide a shared profile
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return result
+def write_atomically(
+    out: Path, text: str, check: Callable[[Path], Any], overwrite: bool = False
+) -> Any:
+    """Write ``text`` to ``out`` only if ``check(path)`` accepts it, so a failure leaves nothing
+    (`kvsim.atomic.write_file`: a WriteError line when it cannot be written; an existing file
+    is replaced only with `overwrite`)."""
+    return write_file(
+        out, text, what="the profile", overwrite=overwrite, make_parents=True, check=check
+    )

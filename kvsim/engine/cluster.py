@@ -22,22 +22,15 @@ from itertools import takewhile
 import numpy as np
 import simpy
 
-from kvsim.engine.replica import Replica
-from kvsim.engine.request import Request
+from kvsim.costmodel import CostModel
+from kvsim.engine.scheduler import Scheduler
 from kvsim.errors import ConfigError
-from kvsim.hardware.measured import CostModel
+from kvsim.hardware.tier_kinds import tier_kind
 from kvsim.kvcache.block_table import BlockTable
 from kvsim.kvcache.link import Link
+from kvsim.kvcache.request import Request
+from kvsim.metrics.attribution import Attribution
 from kvsim.routers import PrefixMatch, ReplicaLoad, Router, RouteRequest
-
-ATTRIBUTION_KEYS = (
-    "ceiling",
-    "captured",
-    "lost_to_routing",
-    "lost_to_eviction",
-    "lost_to_staleness",
-)
-_TIER_CLASS = {"dram": 1, "cxl": 1, "nvme": 2, "rdma": 3, "pfs": 3}  # host, disk, shared
 
 
 def node_of(index: int, tp: int, gpus_per_node: int) -> int:
@@ -65,7 +58,7 @@ class CacheView:
     def __init__(
         self,
         env: simpy.Environment,
-        replicas: list[Replica],
+        replicas: list[Scheduler],
         cost: CostModel,
         chunk_tokens: int,
         refresh_s: float,
@@ -84,11 +77,11 @@ class CacheView:
         self._known: list[dict[int, None]] = []
         if self.stale:
             for replica in replicas:
-                replica.pool.journal = []
+                replica.kv.pool.journal = []
                 self._known.append({})
             self.refresh()
         self._classes = [
-            [_TIER_CLASS.get(t.name, 3) for t in (r.hierarchy.tiers if r.hierarchy else ())]
+            [tier_kind(t.name).load_class for t in (r.kv.hierarchy.tiers if r.kv.hierarchy else ())]
             for r in replicas
         ]
 
@@ -124,7 +117,7 @@ class CacheView:
         )
 
     def load_s(self, replica: int, match: PrefixMatch) -> float:
-        hierarchy = self.replicas[replica].hierarchy
+        hierarchy = self.replicas[replica].kv.hierarchy
         if hierarchy is None or match.blocks == match.device:
             return 0.0
         counts = (0, match.host, match.disk, match.shared)
@@ -157,14 +150,14 @@ class CacheView:
         found = self._live.get(replica)
         if found is None:
             found = self._live[replica] = self._match(
-                replica, request, self.replicas[replica].pool.refs
+                replica, request, self.replicas[replica].kv.pool.refs
             )
         return found
 
     def _match(self, replica: int, request: RouteRequest, in_hbm) -> PrefixMatch:
         hashes = request.hashes
         device = len(list(takewhile(in_hbm.__contains__, hashes)))
-        hierarchy = self.replicas[replica].hierarchy
+        hierarchy = self.replicas[replica].kv.hierarchy
         if hierarchy is None or device == len(hashes):
             return PrefixMatch(device=device)
         counts = [device, 0, 0, 0]
@@ -173,8 +166,8 @@ class CacheView:
             counts[classes[t]] += 1
         return PrefixMatch(*counts)
 
-    def _load(self, replica: Replica) -> ReplicaLoad:
-        pool = replica.pool
+    def _load(self, replica: Scheduler) -> ReplicaLoad:
+        pool = replica.kv.pool
         running = len(replica.running) + len(replica.loading)
         return ReplicaLoad(
             index=replica.index,
@@ -192,7 +185,7 @@ class CacheView:
         """Take the snapshot routers see until the next refresh."""
         self._loads = [self._load(r) for r in self.replicas]
         for replica, known in zip(self.replicas, self._known, strict=True):
-            journal = replica.pool.journal
+            journal = replica.kv.pool.journal
             assert journal is not None
             for cached, keys in journal:
                 if cached:
@@ -231,91 +224,13 @@ class LiveView:
         return self.view.load_s(replica, match)
 
 
-class Attribution:
-    """Per request, in blocks: the reuse one infinite cache would give (the ceiling: requests in
-    the trace's arrival order, as `kvsim trace stats` counts it), the best
-    any replica held when the request was routed, what the chosen replica held, and what the
-    replica held that the same router would have chosen from live state (a shadow router run
-    beside a stale one). Turned into token shares once the run is over:
-
-        lost to eviction  = ceiling - best (no cache in the cluster still held it)
-        lost to routing   = best - chosen (another replica held it)
-          of which stale  = exact - chosen, where the exact router would have found it
-    with `captured` (the hit the request really got, at admission) in place of `chosen` where
-    the two differ, so that the four shares always sum to the ceiling."""
-
-    def __init__(self, ceiling_blocks: np.ndarray) -> None:
-        n = len(ceiling_blocks)
-        self.ceiling = ceiling_blocks
-        self.best = np.zeros(n, dtype=np.int64)
-        self.chosen = np.zeros(n, dtype=np.int64)
-        self.exact = np.zeros(n, dtype=np.int64)  # what an exact-state router's pick held
-        self.last_of_session: dict[int, int] = {}
-
-    def record(
-        self,
-        req: Request,
-        route: RouteRequest,
-        view: CacheView,
-        chosen: int,
-        usable: int,
-        exact_choice: int | None = None,
-    ) -> None:
-        """`exact_choice`: where the same router, seeing live state, would have sent it (only
-        when the real one sees snapshots)."""
-        i = req.index
-        ceiling = int(self.ceiling[i])
-        a = min(view.live_match(chosen, route).blocks, usable)
-        best = a
-        if best < ceiling:
-            # the replica that served the session last is the likeliest holder: look there first
-            last = self.last_of_session.get(route.session_id)
-            if last is not None:
-                best = max(best, min(view.live_match(last, route).blocks, usable))
-            for r in range(len(view.replicas)):
-                if best >= ceiling:
-                    break
-                best = max(best, min(view.live_match(r, route).blocks, usable))
-        self.last_of_session[route.session_id] = chosen
-        self.best[i] = best
-        self.chosen[i] = a
-        self.exact[i] = (
-            a if exact_choice is None else min(view.live_match(exact_choice, route).blocks, usable)
-        )
-
-    def shares(
-        self,
-        captured_blocks: np.ndarray,
-        done: np.ndarray,
-        input_tokens: np.ndarray,
-        block_size: int,
-    ) -> dict[str, float]:
-        """`hit_attribution`: the ceiling split four ways, each a share of input tokens."""
-        x = captured_blocks[done]
-        ceiling = np.maximum(self.ceiling[done], x)
-        lost_route = np.clip(self.best[done] - self.chosen[done], 0, ceiling - x)
-        exact = np.minimum(self.exact[done], self.best[done])
-        stale = np.clip(exact - self.chosen[done], 0, lost_route)
-        total = int(input_tokens[done].sum())
-        if not total:
-            return dict.fromkeys(ATTRIBUTION_KEYS, 0.0)
-        scale = block_size / total
-        return {
-            "ceiling": float(ceiling.sum() * scale),
-            "captured": float(x.sum() * scale),
-            "lost_to_routing": float((lost_route - stale).sum() * scale),
-            "lost_to_eviction": float((ceiling - x - lost_route).sum() * scale),
-            "lost_to_staleness": float(stale.sum() * scale),
-        }
-
-
 class Cluster:
     """Routes arriving requests and moves P/D requests from their prefill to decode replica."""
 
     def __init__(
         self,
         env: simpy.Environment,
-        replicas: list[Replica],
+        replicas: list[Scheduler],
         router: Router,
         view: CacheView,
         *,
@@ -405,6 +320,10 @@ class Cluster:
 
     def route(self, req: Request) -> None:
         """Choose where `req` runs (under P/D: where it decodes and where it is prefilled)."""
+        if len(self.replicas) == 1:
+            self.attribute_alone(req)
+            self.replicas[0].submit(req)
+            return
         route = self._route_request(req)
         view = self.view
         bs = self.block_size

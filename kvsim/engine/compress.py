@@ -37,13 +37,13 @@ from kvsim.compression import (
     layer_bytes,
     parse_compression,
 )
-from kvsim.hardware.kernels import KernelRates
+from kvsim.costmodel.kernels import KernelRates
 from kvsim.models import ModelSpec, kv_bytes_per_block, kv_bytes_per_token
 
 if TYPE_CHECKING:  # the replica imports this module
-    from kvsim.engine.replica import Replica
-    from kvsim.engine.request import Request
-    from kvsim.hardware.measured import CostModel
+    from kvsim.costmodel import CostModel
+    from kvsim.engine.scheduler import Scheduler
+    from kvsim.kvcache.request import Request
 
 #: Cacheable leading blocks of a request that never compacts (no limit).
 NO_LIMIT = 1 << 62
@@ -59,7 +59,7 @@ def parse(text: str) -> Compression:
 
 def page_bytes(model: ModelSpec, comp: Compression, block_size: int, kv_dtype: str, tp: int) -> int:
     """Bytes of one page of `block_size` tokens under `comp` on one rank."""
-    if comp.name == "none":
+    if comp.identity:
         return kv_bytes_per_block(model, block_size, kv_dtype, tp)
     return math.ceil(block_size * bytes_per_kept_token(model, comp, kv_dtype, tp))
 
@@ -92,33 +92,28 @@ class EngineCompression:
         self.comp = comp
         self.code = code
         self.label: str = comp.label
-        self.name: str = comp.name
+        self.identity = comp.identity  # none: today's engine, byte for byte
         self.salt: int = int(comp.salt)
         self.block_size = block_size
         self.block_bytes = block_bytes  # the run's page bytes (auto: the largest candidate's)
-        self.offload = bool(getattr(comp, "offloaded", False))  # infinigen: KV in CPU DRAM
-        self.prompt_only = comp.name != "none" and bool(comp.prompt_only)
+        self.offload = comp.offloaded  # infinigen: KV in CPU DRAM
+        self.prompt_only = comp.prompt_only
         self.base_token_bytes = float(kv_bytes_per_token(model, kv_dtype, tp))
         self.base_page_bytes = kv_bytes_per_block(model, block_size, kv_dtype, tp)
-        layers = layer_bytes(model, comp, kv_dtype, tp) if comp.name != "none" else []
-        per_layer = comp.layer_count is not None if comp.name != "none" else False
+        layers = layer_bytes(model, comp, kv_dtype, tp) if not comp.identity else []
+        per_layer = comp.layer_count is not None
         classes: dict[tuple, _LayerClass] = {}
         for i, lb in enumerate(layers):
             key = (i if per_layer else -1, lb.base_bytes, lb.token_bytes, lb.quantised)
             if per_layer:  # group layers with the same keep rule and widths
-                rule = (
-                    comp.layer_configs[i]
-                    if comp.name == "moe-nd"
-                    else comp.param("ratio")[i % len(comp.param("ratio"))]
-                )
-                key = (rule, lb.base_bytes, lb.token_bytes, lb.quantised)
+                key = (comp.keep_ratio(i), lb.base_bytes, lb.token_bytes, lb.quantised)
             got = classes.get(key)
             if got is None:
                 classes[key] = _LayerClass(i, 1, lb.base_bytes, lb.token_bytes, lb.quantised)
             else:
                 got.count += 1
         self._classes = list(classes.values())
-        self.residual = comp.residual_tokens() if comp.name != "none" else 0
+        self.residual = comp.residual_tokens()
         # gap between a full-width and a packed token over the quantised layers (quant's residual)
         self._residual_gap = sum(
             c.count * (c.base_bytes - c.token_bytes) for c in self._classes if c.quantised
@@ -136,13 +131,12 @@ class EngineCompression:
                     self._long_reserved = pages
                     break
                 blocks += 1
-        self.drops = bool(comp.drops_tokens) and not self.offload  # infinigen keeps every token
-        self.exact_blocks = (
-            comp.param("sinks") // block_size if comp.name == "streaming" else 0
-        )  # our model: a page of sink tokens only stays at its positions
+        self.drops = comp.drops  # infinigen keeps (a summary of) every token
+        # our model: a page of tokens that stay at their positions (streaming's sinks) only
+        self.exact_blocks = comp.exact_tokens // block_size
         self._bytes: dict[int, int] = {}
         self._read: dict[int, int] = {}
-        work = compression_work(model, comp, kv_dtype, tp) if comp.name != "none" else None
+        work = compression_work(model, comp, kv_dtype, tp) if not comp.identity else None
         self.work = work
         self.host_bytes_per_read_token = work.host_bytes_per_read_token if work else 0.0
         self.host_bytes_per_new_token = work.host_bytes_per_new_token if work else 0.0
@@ -173,12 +167,12 @@ class EngineCompression:
         self.read_scale = (
             (work.kv_read_bytes_per_read_token / self.base_token_bytes) if work else 1.0
         )
-        self.linear_reads = not comp.drops_tokens  # none, quant: reads grow one token a step
+        self.linear_reads = comp.linear_reads  # none, quant: reads grow one token a step
 
     # -- bytes and pages ---------------------------------------------------------------------
     def kv_bytes(self, context: int, generated: int = 0) -> int:
         """Bytes of one sequence's KV on one rank (kvsim.compression.compressed_kv_bytes)."""
-        if self.name == "none":
+        if self.identity:
             return int(context * self.base_token_bytes)
         if self.prompt_only:  # the prompt compressed once, every generated token kept
             return math.ceil(
@@ -202,7 +196,7 @@ class EngineCompression:
     def full_bytes(self, context: int) -> int:
         """Bytes of a sequence that keeps every token (none, quant with its residual,
         infinigen's partial keys)."""
-        if self.name == "none":
+        if self.identity:
             return int(context * self.base_token_bytes)
         return self._prompt_bytes(context)
 
@@ -266,7 +260,7 @@ class EngineCompression:
 
     def equivalent_tokens(self, context: int, generated: int = 0) -> float:
         """Uncompressed tokens whose KV bytes equal what a decode step at `context` reads."""
-        if self.name == "none":
+        if self.identity:
             return float(context)
         if self.offload:
             return self.read_tokens(context) * self.read_scale
@@ -279,7 +273,7 @@ class EngineCompression:
     def equivalent_array(self, contexts: np.ndarray) -> np.ndarray:
         """`equivalent_tokens` of many contexts at once, for a profile whose reads are linear
         in the context (none, quant): one numpy pass instead of a call per sequence."""
-        if self.name == "none":
+        if self.identity:
             return contexts
         packed = contexts * (self._generated_bytes / self.base_token_bytes)
         if self.residual:
@@ -332,7 +326,7 @@ class AutoChooser:
         cost: CostModel,
         latency_budget_s: float,
         memory_budget_bytes: float,
-        replicas: list[Replica],
+        replicas: list[Scheduler],
     ) -> None:
         self.engines = {e.label: e for e in engines}
         self.candidates = [e.comp for e in engines]

@@ -26,12 +26,11 @@ import simpy
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.settings import TierSettings
 from kvsim.hardware.profile import HardwareProfile, TierSpec, with_overrides
+from kvsim.hardware.tier_kinds import SHARED_TIER_NAMES
 from kvsim.kvcache.hierarchy import Hierarchy, LowerTier
 from kvsim.kvcache.link import Link
 from kvsim.models import ModelSpec
 from kvsim.policies import make_policy
-
-SHARED_TIERS = ("rdma", "pfs")  # one pool for the whole cluster: one capacity, one link
 
 
 def resolve_profile(profile: HardwareProfile, settings: TierSettings) -> HardwareProfile:
@@ -133,7 +132,7 @@ def build_shared_tiers(
     out: dict[str, LowerTier] = {}
     where: dict[int, int] = {}  # one placement map for every shared tier
     for spec in profile.tiers:
-        if spec.name not in SHARED_TIERS or not spec.enabled:
+        if spec.name not in SHARED_TIER_NAMES or not spec.enabled:
             continue
         share = min(replicas * replica_share(profile, spec, config.tp), 1.0)
         if spec.name == "rdma" and fabric is not None:
@@ -227,7 +226,9 @@ def hourly_cost_usd(
     for spec in profile.tiers:
         if spec.name != "hbm" and spec.enabled:
             share = replica_share(profile, spec, config.tp)
-            share = min(replicas * share, 1.0) if spec.name in SHARED_TIERS else replicas * share
+            share = (
+                min(replicas * share, 1.0) if spec.name in SHARED_TIER_NAMES else replicas * share
+            )
             out[spec.name] = spec.capacity_bytes * share / 1e9 * spec.usd_per_gb_hour
     return out
 

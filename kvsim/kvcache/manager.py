@@ -6,6 +6,23 @@ running request (`allocate_slots`), offers computed blocks to the prefix cache (
 releases everything when the request finishes or is preempted (`free`). Behind it are the HBM
 block pool, the tiers below HBM with their loads and prefetches, and position-independent
 (RoPE-aware) reuse of document and tool segments. A request's block state is its `BlockTable`.
+
+The scheduler (kvsim.engine.scheduler) calls only these, and never reaches past the manager
+into its pool or tiers:
+
+- admission: `available_blocks` (free now, evictable cached blocks included), `admission_bounds`
+  (cheap bounds on a lookup's need; when they decide, the lookup is skipped), `lookup` (or
+  `lookup_pull` for a request whose prompt a prefill replica computed), `first_layer_s` (when a
+  layer-wise overlapped load's first layer would be in), `admit`, then `loaded` / `pulled` when
+  its blocks from below or from the prefill replica have arrived;
+- running: `allocate_slots` to grow, `commit` when blocks fill up, `compact` when a
+  token-dropping compression ends a prefill, `rope_reused` (tokens re-rotated instead of
+  computed), `hold_writes` / `release_writes` around a burst of allocations;
+- leaving: `free` on finish or preemption; `prefetch` ahead of a session's next turn;
+- settings it reads: `load_overlap`, `layers`, `rerotate_s_per_token`.
+
+Statistics (`pool`, `hierarchy`, `block_ops`, the peaks) are read by result collection, the
+cluster's snapshots for routers and the timeline, not by the scheduler.
 """
 
 from __future__ import annotations
@@ -15,12 +32,12 @@ from collections.abc import Callable
 
 import simpy
 
-from kvsim.engine.request import Request
-from kvsim.hardware.measured import CostModel
+from kvsim.costmodel import CostModel
 from kvsim.kvcache.block_pool import BlockPool
 from kvsim.kvcache.block_table import BlockTable
 from kvsim.kvcache.hierarchy import Hierarchy
 from kvsim.kvcache.overlap import bidirectional_split, layerwise_s
+from kvsim.kvcache.request import Request
 from kvsim.policies.base import FutureFn
 from kvsim.traces.blocks import mix
 
@@ -86,6 +103,27 @@ class KVCacheManager:
         return -(-tokens // self.block_size)
 
     # -- lookup (vLLM's get_computed_blocks) ------------------------------------------------
+    @property
+    def available_blocks(self) -> int:
+        """HBM blocks a request could be given now (free or evictable)."""
+        return self.pool.available
+
+    def admission_bounds(self, req: Request, budget: int) -> tuple[int, int, int]:
+        """(least, most, evictable): bounds on the blocks `lookup(req, budget)` would ask for,
+        and its hit's evictable blocks, without walking the tiers below or costing a load.
+        Its need is either the blocks of the next chunk after the hit, or the blocks it loads
+        (at least one, at most every block from the hit up to `limit`), plus the reserved
+        ones; when the bounds decide admission, the lookup need not run (it changes nothing)."""
+        hit, evictable = self.prefix_hit(req)
+        start = hit * self.block_size
+        reserved = self.reserved_blocks(req)
+        plain = self._blocks_for(start + min(req.known - start, budget)) - hit + reserved
+        hashes = req.table.hashes
+        if self.hierarchy is None or not self.prefix_caching or hashes is None:
+            return plain, plain, evictable
+        limit = min((req.known - 1) // self.block_size, len(hashes))
+        return min(plain, 1 + reserved), max(plain, limit - hit + reserved), evictable
+
     def prefix_hit(self, req: Request) -> tuple[int, int]:
         """(cached leading blocks usable by `req`, how many of them are evictable now)."""
         table = req.table
@@ -194,6 +232,12 @@ class KVCacheManager:
         return [COMPUTE] * split + found[split:]
 
     # -- admission (vLLM's allocate_slots for a new request) --------------------------------
+    def first_layer_s(self, tiers: list[int]) -> float:
+        """Seconds from now until the first layer of a load of blocks from `tiers` is in HBM,
+        estimated on the links as they are loaded now (a layer-wise load overlaps compute)."""
+        assert self.hierarchy is not None
+        return float(self.hierarchy.load_estimate_s(tiers)[-1]) / self.layers
+
     def admit(self, req: Request, plan: AdmitPlan, now_s: float, first: bool) -> simpy.Event | None:
         """Pin the hit, allocate the rest, start loads from below; the event (if any) fires
         when the loaded blocks are in HBM, and `loaded` must then be called."""
@@ -282,13 +326,14 @@ class KVCacheManager:
         """A token-dropping compression ends the prefill: the request keeps the pages its kept
         tokens fill (`EngineCompression.kept_blocks`) and frees the rest. Kept tokens no longer
         sit at their prefix positions, so cached blocks past the position-exact ones are
-        unpinned (they stay cached for others: their content was not changed here)."""
+        unpinned (they stay cached for others: their content was not changed here). A request
+        that never drops a token (`cache_limit` unlimited) keeps every page where it is."""
         comp = req.comp
         table = req.table
         assert comp is not None and table.hashes is not None
         table.compacted = True
         target = comp.kept_blocks(req.computed, max(req.computed - req.input_tokens, 0))
-        exact = min(comp.exact_blocks, table.cache_limit)
+        exact = table.cache_limit  # every page, in a request that never drops a token
         cached = table.held_cached
         keep = [p for p in cached if p < exact]
         drop = cached[len(keep) :] if len(keep) < len(cached) else []
@@ -300,9 +345,12 @@ class KVCacheManager:
             if drop and pool.describes:
                 pool.describe(table.kinds, req.input_tokens)
             pool.release(table.hashes, drop, max(freed, 0), now_s)
-        if freed < 0:  # compacted pages replace unpinned hits: taken back from what was freed
-            ok = pool.allocate(-freed)
-            assert ok, "compaction could not take back pages it had just released"
+        if freed < 0 and not pool.allocate(-freed):  # compacted pages replace unpinned hits
+            # the pool cannot give them (others pin those hits too): the request keeps that
+            # many of its hits pinned where they are instead
+            back = drop[:-freed]
+            pool.acquire([table.hashes[p] for p in back], len(back), now_s)
+            keep += back
         self.block_ops += len(drop) + abs(freed)
         table.held_cached = keep
         table.held_blocks = held

@@ -1,13 +1,25 @@
-"""A request's state inside the engine: slotted, allocation-free on the hot path."""
+"""A request as the scheduler and the KV-cache manager see it: slotted, allocation-free on the
+hot path. It lives beside the manager, the lowest layer that reads it, so kvcache and metrics
+import nothing from the engine."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvsim.kvcache.block_table import BlockTable
 
-if TYPE_CHECKING:
-    from kvsim.engine.compress import EngineCompression
+
+class PageCompression(Protocol):
+    """What the KV-cache manager asks of a request's KV compression (the engine's
+    kvsim.engine.compress.EngineCompression): pages held, reserved and cacheable."""
+
+    salt: int  # its own range of block ids, so requests of other compressions never hit them
+
+    def kept_blocks(self, context: int, generated: int = 0) -> int: ...
+
+    def cache_limit(self, prompt_tokens: int, total_tokens: int) -> int: ...
+
+    def reserved_blocks(self, total_tokens: int) -> int: ...
 
 
 class Request:
@@ -82,9 +94,9 @@ class Request:
         self.table = BlockTable()
         # its KV compression (kvsim.engine.compress.EngineCompression; None: uncompressed,
         # chosen at admission under auto) and the most blocks it held at once
-        self.comp: EngineCompression | None = None
+        self.comp: PageCompression | None = None
         self.kv_peak_blocks = 0
-        self.gate = None  # a load from below its compute overlaps (engine.replica.LoadGate)
+        self.gate = None  # a load from below its compute overlaps (kvsim.engine.gates.LoadGate)
 
     # read-only views of the block table (tests and reports read them)
     @property

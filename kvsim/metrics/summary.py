@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvsim.errors import ConfigError
-
-if TYPE_CHECKING:
-    from kvsim.engine.simulation import RunResult
+from kvsim.metrics.result import RunResult
 
 
 def _pct(values: np.ndarray, q: float) -> float:

@@ -1,0 +1,144 @@
+"""A canonical trace as the engine reads it: columns, block chains and what an oracle needs.
+
+Requests are made from these columns on demand (kvsim.engine.workload); a request's chain of
+block ids, its blocks' kinds and its position-independent segments are filled in when the
+KV-cache manager first asks (`load_chain`), so a request that is never routed costs nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvsim.kvcache.request import Request
+from kvsim.policies.oracle import FutureUses
+from kvsim.traces import Trace
+from kvsim.traces.blocks import (
+    batch_sequence_block_hashes,
+    block_kinds,
+    first_seen_ids,
+)
+from kvsim.traces.schema import KIND_CODES, segment_columns
+from kvsim.traces.stats import reused_from_ids
+
+# segments whose KV can be reused at another position (a document, a tool's output)
+_POSITION_INDEPENDENT = np.array([KIND_CODES["document"], KIND_CODES["tool"]], dtype=np.uint8)
+
+
+class TraceRequests:
+    """Columnar view of a canonical trace, turned into engine Requests on demand."""
+
+    def __init__(self, trace: Trace, block_size: int) -> None:
+        t = trace.table
+        self.n = t.num_rows
+        self.block_size = block_size
+        self.request_id = t.column("request_id").to_numpy()
+        self.session_id = t.column("session_id").to_numpy()
+        self.turn = t.column("turn").to_numpy()
+        self.arrival_s = t.column("arrival_s").to_numpy()
+        think = t.column("think_time_s")
+        self.closed_loop = think.is_valid().to_numpy(zero_copy_only=False) & (self.turn > 0)
+        self.think_time_s = think.fill_null(0.0).to_numpy()
+        self.input_tokens = t.column("input_tokens").to_numpy().astype(np.int64)
+        self.output_tokens = t.column("output_tokens").to_numpy().astype(np.int64)
+        self.output_hash = t.column("output_hash").to_numpy()
+        segments = segment_columns(t)
+        self.seg_offsets = segments.offsets
+        self.seg_hash = segments.hashes
+        self.seg_tokens = segments.tokens
+        self.seg_kinds = segments.kinds
+        self._ids: tuple[np.ndarray, np.ndarray] | None = None
+        self._id_span = 0  # ids are 1 .. span - 1: a salt's range starts at a multiple of it
+        self._salt_slots: dict[int, int] = {0: 0}
+
+    def _block_ids(self) -> tuple[np.ndarray, np.ndarray]:
+        """(block offsets, block ids) of every request's chain (`sequence_block_hashes`:
+        prompt, then a content-addressed reply), numbered by first appearance in trace order
+        (kvsim.traces.blocks.first_seen_ids). Built once, on first use, in numpy passes over
+        the whole trace."""
+        if self._ids is None:
+            block_offsets, blocks = batch_sequence_block_hashes(
+                self.seg_offsets,
+                self.seg_hash,
+                self.seg_tokens,
+                self.output_hash,
+                self.output_tokens,
+                self.block_size,
+            )
+            ids = first_seen_ids(blocks)
+            self._id_span = int(ids.max(initial=0)) + 1
+            narrow = np.int32 if self._id_span < np.iinfo(np.int32).max else np.int64
+            self._ids = (block_offsets, ids.astype(narrow))
+        return self._ids
+
+    def reused_blocks(self) -> np.ndarray:
+        """kvsim.traces.stats.reused_blocks at the engine's cap (at least one prompt token is
+        computed), from the chains' ids."""
+        offsets, ids = self._block_ids()
+        return reused_from_ids(offsets, ids, (self.input_tokens - 1) // self.block_size)
+
+    def _salted(self, ids: np.ndarray, salt: int) -> np.ndarray:
+        """Block ids under a compression's salt (kvsim.compression; 0 for none): each salt gets
+        its own range of ids, so blocks of different compressions never match."""
+        if not salt:
+            return ids
+        slot = self._salt_slots.setdefault(salt, len(self._salt_slots))
+        self._block_ids()
+        return ids.astype(np.int64) + slot * self._id_span
+
+    def load_chain(self, req: Request, with_kinds: bool, with_segments: bool = False) -> None:
+        """Fill `req.table.hashes` (full blocks of prompt + reply) and, if asked, each block's
+        kind and the request's reusable segments."""
+        i = req.index
+        table = req.table
+        lo, hi = self.seg_offsets[i], self.seg_offsets[i + 1]
+        block_offsets, ids = self._block_ids()
+        chain = ids[block_offsets[i] : block_offsets[i + 1]]
+        comp = req.comp
+        if comp is not None and comp.salt:  # blocks of another compression never match
+            chain = self._salted(chain, comp.salt)
+        table.hashes = chain.tolist()
+        if with_segments:
+            kinds, tokens = self.seg_kinds[lo:hi], self.seg_tokens[lo:hi]
+            ends = np.cumsum(tokens)
+            starts = ends - tokens
+            hashes = self.seg_hash[lo:hi]
+            table.pic_segments = [
+                (int(starts[j]), int(ends[j]), int(hashes[j]))
+                for j in np.flatnonzero(np.isin(kinds, _POSITION_INDEPENDENT))
+            ] or None
+        if with_kinds:
+            kinds, tokens = self.seg_kinds[lo:hi], self.seg_tokens[lo:hi]
+            if self.output_hash[i]:
+                kinds = np.append(kinds, np.uint8(KIND_CODES["assistant"]))
+                tokens = np.append(tokens, int(self.output_tokens[i]))
+            table.kinds = block_kinds(kinds, tokens, self.block_size)
+
+    def future_uses(self, salt: int = 0) -> FutureUses:
+        """For an offline oracle (Belady): when is a block next part of an arriving prompt?
+
+        Uses each request's nominal `arrival_s`; closed-loop turns arrive when the simulation
+        says, so for them this is the trace's estimate, the best an oracle given the trace can
+        know. `salt`: the run's compression (under auto, chosen per request, the oracle sees
+        none). A request's full prompt blocks lead its chain (a block's hash covers only the
+        tokens up to its end), so their keys are the chain's first ones."""
+        offsets, ids = self._block_ids()
+        tokens = np.concatenate(([0], np.cumsum(self.seg_tokens, dtype=np.int64)))
+        counts = (tokens[self.seg_offsets[1:]] - tokens[self.seg_offsets[:-1]]) // self.block_size
+        row = np.repeat(np.arange(self.n), np.diff(offsets))
+        first = (np.arange(ids.size) - offsets[row]) < counts[row]
+        return FutureUses(self._salted(ids[first], salt), np.repeat(self.arrival_s, counts))
+
+    def next_turns(self) -> dict[int, int]:
+        """Index of each closed-loop request keyed by the index of the turn it follows."""
+        by_key = {
+            (int(s), int(k)): i
+            for i, (s, k) in enumerate(zip(self.session_id, self.turn, strict=True))
+        }
+        follows: dict[int, int] = {}
+        for i in np.flatnonzero(self.closed_loop):
+            prev = by_key.get((int(self.session_id[i]), int(self.turn[i]) - 1))
+            if prev is None:
+                self.closed_loop[i] = False  # its earlier turn is not in this trace: replay it
+            else:
+                follows[prev] = int(i)
+        return follows
