@@ -31,6 +31,7 @@ import numpy as np
 
 from kvsim.compression import (
     Compression,
+    CompressionWork,
     bytes_per_kept_token,
     choose,
     compression_work,
@@ -75,6 +76,54 @@ class _LayerClass:
     quantised: bool
 
 
+def _layer_classes(
+    model: ModelSpec, comp: Compression, kv_dtype: str, tp: int
+) -> list[_LayerClass]:
+    """The model's KV layers grouped by what they keep and how wide their tokens are, so a
+    lookup sums over a few classes rather than every layer."""
+    layers = layer_bytes(model, comp, kv_dtype, tp) if not comp.identity else []
+    per_layer = comp.layer_count is not None
+    classes: dict[tuple, _LayerClass] = {}
+    for i, lb in enumerate(layers):
+        key = (i if per_layer else -1, lb.base_bytes, lb.token_bytes, lb.quantised)
+        if per_layer:  # group layers with the same keep rule and widths
+            key = (comp.keep_ratio(i), lb.base_bytes, lb.token_bytes, lb.quantised)
+        got = classes.get(key)
+        if got is None:
+            classes[key] = _LayerClass(i, 1, lb.base_bytes, lb.token_bytes, lb.quantised)
+        else:
+            got.count += 1
+    return list(classes.values())
+
+
+def _work_seconds(
+    work: CompressionWork | None, rates: KernelRates | None
+) -> tuple[float, float, float, float]:
+    """A profile's own work in seconds at the hardware's rates: per read token, per context
+    token and per new token of a decode step, and per prefill token."""
+    if work is None or rates is None:
+        return 0.0, 0.0, 0.0, 0.0
+    flops_s = 1.0 / rates.attention_flops_per_s
+    bytes_s = 1.0 / rates.elementwise_bytes_per_s
+    item_s = SELECT_ITEM_BYTES * bytes_s
+    read_s = (
+        (work.score_flops_per_read_token + work.dequant_flops_per_read_token) * flops_s
+        + work.select_items_per_read_token * item_s
+        + work.dequant_bytes_per_read_token * bytes_s
+    )
+    context_s = (
+        work.speculate_flops_per_context_token * flops_s
+        + work.select_items_per_context_token * item_s
+    )
+    new_token_s = work.quant_bytes_per_token * bytes_s
+    prefill_token_s = (
+        work.score_flops_per_prompt_token * flops_s
+        + work.select_items_per_prompt_token * item_s
+        + work.quant_bytes_per_token * bytes_s
+    )
+    return read_s, context_s, new_token_s, prefill_token_s
+
+
 class EngineCompression:
     """One profile in one run: its code (index into the run's labels), pages and lookups."""
 
@@ -100,19 +149,7 @@ class EngineCompression:
         self.prompt_only = comp.prompt_only
         self.base_token_bytes = float(kv_bytes_per_token(model, kv_dtype, tp))
         self.base_page_bytes = kv_bytes_per_block(model, block_size, kv_dtype, tp)
-        layers = layer_bytes(model, comp, kv_dtype, tp) if not comp.identity else []
-        per_layer = comp.layer_count is not None
-        classes: dict[tuple, _LayerClass] = {}
-        for i, lb in enumerate(layers):
-            key = (i if per_layer else -1, lb.base_bytes, lb.token_bytes, lb.quantised)
-            if per_layer:  # group layers with the same keep rule and widths
-                key = (comp.keep_ratio(i), lb.base_bytes, lb.token_bytes, lb.quantised)
-            got = classes.get(key)
-            if got is None:
-                classes[key] = _LayerClass(i, 1, lb.base_bytes, lb.token_bytes, lb.quantised)
-            else:
-                got.count += 1
-        self._classes = list(classes.values())
+        self._classes = _layer_classes(model, comp, kv_dtype, tp)
         self.residual = comp.residual_tokens()
         # gap between a full-width and a packed token over the quantised layers (quant's residual)
         self._residual_gap = sum(
@@ -120,17 +157,7 @@ class EngineCompression:
         )
         self._generated_bytes = sum(c.count * c.token_bytes for c in self._classes)
         # requests this long hold a whole residual, and never more pages than uncompressed
-        self._long = NO_LIMIT
-        self._long_reserved = 0
-        if self.residual and self._residual_gap:
-            pages = -(-math.ceil(self.residual * self._residual_gap) // block_bytes)
-            blocks = -(-self.residual // block_size)
-            while blocks < 100_000:  # the fewest token pages from which the cap cannot bind
-                if blocks * self.base_page_bytes // block_bytes - blocks >= pages:
-                    self._long = (blocks - 1) * block_size + 1
-                    self._long_reserved = pages
-                    break
-                blocks += 1
+        self._long, self._long_reserved = self._whole_residual()
         self.drops = comp.drops  # infinigen keeps (a summary of) every token
         # our model: a page of tokens that stay at their positions (streaming's sinks) only
         self.exact_blocks = comp.exact_tokens // block_size
@@ -142,32 +169,29 @@ class EngineCompression:
         self.host_bytes_per_new_token = work.host_bytes_per_new_token if work else 0.0
         # the profile's own work, in seconds: per decode step (per read token, per context
         # token, per new token) and per prefill token
-        self.read_s = self.context_s = self.new_token_s = self.prefill_token_s = 0.0
-        if work is not None and rates is not None:
-            flops_s = 1.0 / rates.attention_flops_per_s
-            bytes_s = 1.0 / rates.elementwise_bytes_per_s
-            item_s = SELECT_ITEM_BYTES * bytes_s
-            self.read_s = (
-                (work.score_flops_per_read_token + work.dequant_flops_per_read_token) * flops_s
-                + work.select_items_per_read_token * item_s
-                + work.dequant_bytes_per_read_token * bytes_s
-            )
-            self.context_s = (
-                work.speculate_flops_per_context_token * flops_s
-                + work.select_items_per_context_token * item_s
-            )
-            self.new_token_s = work.quant_bytes_per_token * bytes_s
-            self.prefill_token_s = (
-                work.score_flops_per_prompt_token * flops_s
-                + work.select_items_per_prompt_token * item_s
-                + work.quant_bytes_per_token * bytes_s
-            )
+        self.read_s, self.context_s, self.new_token_s, self.prefill_token_s = _work_seconds(
+            work, rates
+        )
         self.has_work = bool(self.read_s or self.context_s or self.new_token_s)
         # attention reads the packed width (quant) or, infinigen, the full width of the fetch
         self.read_scale = (
             (work.kv_read_bytes_per_read_token / self.base_token_bytes) if work else 1.0
         )
         self.linear_reads = comp.linear_reads  # none, quant: reads grow one token a step
+
+    def _whole_residual(self) -> tuple[int, int]:
+        """(the shortest request that holds a whole residual and never more pages than
+        uncompressed, the pages that residual takes); (NO_LIMIT, 0) without a residual."""
+        if not (self.residual and self._residual_gap):
+            return NO_LIMIT, 0
+        block_size, block_bytes = self.block_size, self.block_bytes
+        pages = -(-math.ceil(self.residual * self._residual_gap) // block_bytes)
+        blocks = -(-self.residual // block_size)
+        while blocks < 100_000:  # the fewest token pages from which the cap cannot bind
+            if blocks * self.base_page_bytes // block_bytes - blocks >= pages:
+                return (blocks - 1) * block_size + 1, pages
+            blocks += 1
+        return NO_LIMIT, 0
 
     # -- bytes and pages ---------------------------------------------------------------------
     def kv_bytes(self, context: int, generated: int = 0) -> int:
