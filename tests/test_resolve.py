@@ -156,3 +156,16 @@ def test_a_parameter_of_a_router_not_in_use_is_checked_and_reported() -> None:
         resolve(RunConfig(engine=EngineConfig(router_params="llm-d.x=1")))
     resolved = resolve(RunConfig(engine=EngineConfig(router_params="llm-d.prefix_weight=2")))
     assert any("router 'llm-d' is not used" in w for w in resolved.engine.warnings)
+
+
+def test_pd_across_nodes_needs_a_fabric() -> None:
+    from kvsim.engine.resolve import resolve_engine
+    from kvsim.hardware import load_profile
+    from kvsim.models import load_model
+
+    model, profile = load_model("llama-3.1-8b"), load_profile("h100-sxm")
+    alone = dataclasses.replace(profile, tiers=tuple(t for t in profile.tiers if t.name != "rdma"))
+    assert resolve_engine(EngineConfig(pd="4:4"), model, alone).roles.count("decode") == 4
+    with pytest.raises(ConfigError, match="span nodes"):  # 16 GPUs: two nodes of 8
+        resolve_engine(EngineConfig(pd="8:8"), model, alone)
+    assert resolve_engine(EngineConfig(pd="8:8"), model, profile).replica_count == 16

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 import simpy
 
 from kvsim.costmodel import CostModel, make_cost_model
-from kvsim.engine.cluster import CacheView, Cluster, node_of
+from kvsim.engine.cluster import CacheView, Cluster
 from kvsim.engine.compress import AutoChooser, EngineCompression
+from kvsim.engine.handoff import Handoff
 from kvsim.engine.pricing import make_pricer
 from kvsim.engine.resolve import ResolvedEngine
 from kvsim.engine.scheduler import Scheduler
@@ -29,6 +30,7 @@ from kvsim.engine.tiers import (
     fabric_link,
     host_link,
     layer_pieces,
+    node_of,
 )
 from kvsim.engine.trace_view import TraceRequests
 from kvsim.kvcache import BlockPool
@@ -116,8 +118,15 @@ class RunParts:
         return self.future
 
 
-def build_replica(parts: RunParts, index: int, role: str, on_finish: FinishFn) -> Scheduler:
-    """Replica `index`: policy → pool → hierarchy → KV-cache manager → pricer → scheduler."""
+def build_replica(
+    parts: RunParts,
+    index: int,
+    role: str,
+    on_finish: FinishFn,
+    handoff: Handoff | None = None,
+) -> Scheduler:
+    """Replica `index`: policy → pool → hierarchy → KV-cache manager → pricer → scheduler.
+    `handoff` moves its requests to and from other replicas under P/D."""
     env, run, source = parts.env, parts.run, parts.source
     config, model, profile = run.config, run.model, run.profile
     policy = make_policy(run.tiers.policies["hbm"], run.tiers.params_of("hbm"))
@@ -170,7 +179,7 @@ def build_replica(parts: RunParts, index: int, role: str, on_finish: FinishFn) -
         # InfiniGen's fetches ride the host link tier traffic to DRAM uses
         host_link=host_link(env, profile, config, hierarchy) if offloading else None,
     )
-    return Scheduler(env, config, kv, pricer, on_finish, index, role, node)
+    return Scheduler(env, config, kv, pricer, on_finish, index, role, node, handoff)
 
 
 @dataclass
@@ -199,10 +208,6 @@ def assemble(parts: RunParts, on_finish: FinishFn) -> Fleet:
     shadow = None
     if config.router_refresh_s > 0 and run.replica_count > 1:
         shadow = make_router(config.router, run.router_params, random.Random(seed))
-    replicas = [build_replica(parts, i, role, on_finish) for i, role in enumerate(run.roles)]
-    view = CacheView(
-        env, replicas, parts.cost, config.max_num_batched_tokens, config.router_refresh_s
-    )
     nvlink_bytes_per_s = profile.gpu.interconnect_bandwidth_bytes_per_s * config.tp
     hbm_latency_s = profile.tier("hbm").latency_s
     nvlinks = {
@@ -210,7 +215,23 @@ def assemble(parts: RunParts, on_finish: FinishFn) -> Fleet:
         for i, role in enumerate(run.roles)
         if role == "prefill"
     }
-    token_bytes = kv_bytes_per_token(run.model, config.kv_dtype, config.tp)
+    replicas: list[Scheduler] = []  # filled below; the hand-off reads it only once requests flow
+    handoff = None
+    if run.pd_split is not None:
+        token_bytes = kv_bytes_per_token(run.model, config.kv_dtype, config.tp)
+        handoff = Handoff(
+            env,
+            replicas,
+            block_size=config.block_size,
+            kv_bytes_per_token=token_bytes * config.tp,
+            fabric=parts.fabric,
+            nvlinks=nvlinks,
+        )
+    for i, role in enumerate(run.roles):
+        replicas.append(build_replica(parts, i, role, on_finish, handoff))
+    view = CacheView(
+        env, replicas, parts.cost, config.max_num_batched_tokens, config.router_refresh_s
+    )
     cluster = Cluster(
         env,
         replicas,
@@ -220,9 +241,7 @@ def assemble(parts: RunParts, on_finish: FinishFn) -> Fleet:
         block_size=config.block_size,
         pd_split=run.pd_split,
         pd_threshold=config.pd_threshold,
-        kv_bytes_per_token=token_bytes * config.tp,
-        fabric=parts.fabric,
-        nvlinks=nvlinks,
+        handoff=handoff,
         attribution=Attribution(parts.source.reused_blocks()),
         shadow=shadow,
     )

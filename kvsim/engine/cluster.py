@@ -1,5 +1,5 @@
-"""Many replicas behind a router: placement on nodes, the router's view of them, P/D hand-offs
-over one contended fabric, and where the trace's reuse went (hit attribution).
+"""Many replicas behind a router: placement on nodes, the router's view of them, and the choice
+of where each request runs (under P/D, kvsim.engine.handoff moves it between replicas).
 
 - Placement: replica i of `tp` GPUs sits on node `i * tp // gpus_per_node` (replicas fill nodes
   in order; under P/D the prefill replicas come first).
@@ -10,8 +10,9 @@ over one contended fabric, and where the trace's reuse went (hit attribution).
 - P/D: the router picks the decode replica first (llm-d's order). When that replica lacks at
   least `pd_threshold` prompt tokens, a prefill replica computes the prompt and the decode
   replica pulls the KV it lacks: over NVLink within a node, else over the fabric, the same link
-  the rdma tier's loads, write-backs and prefetches use. The prefill replica keeps its blocks
-  until the pull is done. Below the threshold the decode replica prefills locally.
+  the rdma tier's loads, write-backs and prefetches use (kvsim.engine.handoff). Below the
+  threshold the decode replica prefills locally.
+- Hit attribution (kvsim.metrics.attribution): where the trace's reuse went, per request.
 """
 
 from __future__ import annotations
@@ -23,19 +24,12 @@ import numpy as np
 import simpy
 
 from kvsim.costmodel import CostModel
+from kvsim.engine.handoff import Handoff
 from kvsim.engine.scheduler import Scheduler
-from kvsim.errors import ConfigError
 from kvsim.hardware.tier_kinds import tier_kind
-from kvsim.kvcache.block_table import BlockTable
-from kvsim.kvcache.link import Link
 from kvsim.kvcache.request import Request
 from kvsim.metrics.attribution import Attribution
 from kvsim.routers import PrefixMatch, ReplicaLoad, Router, RouteRequest
-
-
-def node_of(index: int, tp: int, gpus_per_node: int) -> int:
-    """The node replica `index` sits on when replicas fill nodes in order."""
-    return index * tp // gpus_per_node
 
 
 def batch_prefill_s(
@@ -238,9 +232,7 @@ class Cluster:
         block_size: int,
         pd_split: tuple[int, int] | None,
         pd_threshold: int | None,
-        kv_bytes_per_token: int,
-        fabric: Link | None,
-        nvlinks: dict[int, Link],
+        handoff: Handoff | None,
         attribution: Attribution,
         shadow: Router | None = None,
     ) -> None:
@@ -254,9 +246,7 @@ class Cluster:
         self.view = view
         self.session_of = session_of
         self.block_size = block_size
-        self.kv_bytes_per_token = kv_bytes_per_token
-        self.fabric = fabric
-        self.nvlinks = nvlinks
+        self.handoff = handoff
         self.attribution = attribution
         self.everyone = list(range(len(replicas)))
         self.prefill_ids: list[int] = []
@@ -269,18 +259,6 @@ class Cluster:
         self.pd_threshold = threshold or 0
         self.local_prefills = 0
         self.disaggregated = 0
-        self._decode_of: dict[int, int] = {}  # request index -> its decode replica, under P/D
-        # request index -> (prefill replica, its block table) while the decode replica pulls
-        self._pending: dict[int, tuple[int, BlockTable]] = {}
-        for replica in replicas:
-            replica.on_prefilled = self._prefilled
-            replica.pull = self._pull
-        nodes = {replicas[i].node for i in (*self.prefill_ids, *self.decode_ids)}
-        if fabric is None and len(nodes) > 1:
-            raise ConfigError(
-                "pd: prefill and decode replicas span nodes, but the hardware profile has no "
-                "rdma tier to give the network between them a bandwidth"
-            )
 
     def _route_request(self, req: Request) -> RouteRequest:
         """`req` as routers see it; the view starts a new decision."""
@@ -331,8 +309,8 @@ class Cluster:
             target = self.router.choose(route, view, self.decode_ids)
             uncached = req.input_tokens - view.match(target, route).device * bs
             if uncached >= self.pd_threshold:
-                self._decode_of[req.index] = target
-                req.handoff = "prefill"
+                assert self.handoff is not None
+                self.handoff.send(req, target)
                 target = self.router.choose_prefill(route, view, self.prefill_ids)
                 self.disaggregated += 1
             else:
@@ -341,29 +319,3 @@ class Cluster:
             target = self.router.choose(route, view, self.everyone)
         self._attribute(req, route, target, self._exact_choice(req, route))
         self.replicas[target].submit(req)
-
-    # -- P/D hand-off ----------------------------------------------------------------------------
-    def _prefilled(self, req: Request, table: BlockTable) -> None:
-        """Replica `req.replica` computed the prompt: queue the request on its decode replica."""
-        self._pending[req.index] = (req.replica, table)
-        self.replicas[self._decode_of.pop(req.index)].enqueue(req)
-
-    def _pull(self, req: Request, hit_blocks: int) -> simpy.Event:
-        """Move the prompt KV the decode replica lacks; then the prefill replica lets go."""
-        source, table = self._pending[req.index]
-        dest = self.replicas[req.replica]
-        tokens = max(req.input_tokens - hit_blocks * self.block_size, 0)
-        nbytes = tokens * self.kv_bytes_per_token
-        req.transfer_bytes += nbytes
-        same_node = self.replicas[source].node == dest.node
-        link = self.nvlinks[source] if same_node else self.fabric
-        assert link is not None, "checked when the cluster was built"
-        done = link.transfer(nbytes)
-        done.callbacks.append(lambda _ev: self._release(req, source, table))
-        return done
-
-    def _release(self, req: Request, source: int, table: BlockTable) -> None:
-        del self._pending[req.index]
-        replica = self.replicas[source]
-        replica.kv.free(req, self.env.now, table)
-        replica.wake()

@@ -18,7 +18,7 @@ from kvsim.compression import Compression, parse_compression
 from kvsim.engine.compress import page_bytes
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.settings import TierSettings, resolve_settings
-from kvsim.engine.tiers import resolve_profile
+from kvsim.engine.tiers import node_of, resolve_profile
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.kvcache.overlap import LOAD_OVERLAPS
@@ -88,6 +88,7 @@ def resolve_engine(
             f"engine.replicas: {len(roles)} replicas of {config.tp} GPUs need "
             f"{len(roles) * config.tp:,} GPUs; kvsim models at most {MAX_GPUS:,}"
         )
+    _check_pd_network(config, resolved_profile, roles)
     num_blocks, block_bytes = _kv_blocks(config, model, resolved_profile, comp)
     return ResolvedEngine(
         config=config,
@@ -228,6 +229,19 @@ def _roles(config: EngineConfig, split: tuple[int, int] | None) -> tuple[str, ..
             f"({sum(split)} replicas); give one or the other"
         )
     return ("prefill",) * split[0] + ("decode",) * split[1]
+
+
+def _check_pd_network(
+    config: EngineConfig, profile: HardwareProfile, roles: tuple[str, ...]
+) -> None:
+    """P/D across nodes moves prompts over the fabric, whose bandwidth the rdma tier gives."""
+    if "prefill" not in roles or any(t.name == "rdma" for t in profile.tiers):
+        return
+    if len({node_of(i, config.tp, profile.gpus_per_node) for i in range(len(roles))}) > 1:
+        raise ConfigError(
+            "pd: prefill and decode replicas span nodes, but the hardware profile has no "
+            "rdma tier to give the network between them a bandwidth"
+        )
 
 
 def _kv_blocks(

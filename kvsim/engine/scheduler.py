@@ -31,6 +31,7 @@ import simpy
 
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.gates import LoadGate, gated_iteration
+from kvsim.engine.handoff import Handoff
 from kvsim.engine.pricing import IterationPricer
 from kvsim.kvcache.block_table import BlockTable
 from kvsim.kvcache.manager import COMPUTE, KVCacheManager
@@ -92,6 +93,7 @@ class Scheduler:
         index: int = 0,
         role: str = "mixed",
         node: int = 0,
+        handoff: Handoff | None = None,
     ) -> None:
         self.env = env
         self.config = config
@@ -107,10 +109,9 @@ class Scheduler:
         self.request_overhead_s = pricer.cost.request_overhead_s
         # a token-dropping compression: decoding requests hold only their kept tokens' blocks
         self.compacting = pricer.compacting
-        # P/D hooks, set by the cluster: a prompt is computed here (hand it on); pull a
-        # request's prompt KV from its prefill replica (the event fires when it has arrived)
-        self.on_prefilled: Callable[[Request, BlockTable], None] | None = None
-        self.pull: Callable[[Request, int], simpy.Event] | None = None
+        # P/D: a prompt computed here goes on to its decode replica; a decode replica pulls a
+        # request's prompt KV from its prefill replica (None: aggregated serving)
+        self.handoff = handoff
         self.outstanding_tokens = 0  # tokens requests here still have to compute (for routers)
         self.arriving = 0  # requests in the front end, not queued yet (for routers)
         self.block_size = config.block_size
@@ -352,10 +353,11 @@ class Scheduler:
             done = kv.admit(req, plan, now, first)
             self.outstanding_tokens -= req.computed
             if pulling:
-                assert self.pull is not None
+                assert self.handoff is not None
                 req.load_started_s = now
                 self.loading.append(req)
-                self.pull(req, hit).callbacks.append(lambda _ev, req=req: self._arrived(req, -1))
+                pulled = self.handoff.pull(req, hit)
+                pulled.callbacks.append(lambda _ev, req=req: self._arrived(req, -1))
                 continue
             if done is not None and self.overlap != "none":
                 req.load_started_s = now
@@ -504,7 +506,7 @@ class Scheduler:
     def _hand_off(self, handed: list[Request]) -> None:
         """The prompts of `handed` are computed: their blocks stay pinned here until the decode
         replica has pulled them; the cluster moves each request on."""
-        assert self.on_prefilled is not None
+        assert self.handoff is not None
         gone = set(map(id, handed))
         self.running = [r for r in self.running if id(r) not in gone]
         for req in handed:
@@ -512,7 +514,7 @@ class Scheduler:
             req.table = BlockTable()
             req.handoff = "decode"
             req.computed = 0  # on the decode replica, until its prompt KV has arrived
-            self.on_prefilled(req, table)
+            self.handoff.prefilled(req, table)
 
     def _finish(self, req: Request, now: float) -> None:
         self.outstanding_tokens -= req.known - req.computed

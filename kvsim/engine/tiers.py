@@ -40,6 +40,11 @@ def resolve_profile(profile: HardwareProfile, settings: TierSettings) -> Hardwar
     return with_overrides(profile, tiers=settings.tiers, capacities=settings.capacities)
 
 
+def node_of(index: int, tp: int, gpus_per_node: int) -> int:
+    """The node replica `index` sits on when replicas fill nodes in order."""
+    return index * tp // gpus_per_node
+
+
 def replica_share(profile: HardwareProfile, tier: TierSpec, tp: int) -> float:
     """The fraction of a tier's capacity one replica gets."""
     return tp / profile.gpus_per_node / max(tier.shared_by_nodes, 1)

@@ -15,7 +15,7 @@ from kvsim.hardware.tier_kinds import LOWER_TIER_NAMES, SHARED_TIER_NAMES
 from kvsim.units import format_bytes
 
 #: Tiers a plan sizes: the node-local ones and the shared pool.
-SEARCHED_TIERS = ("dram", "cxl", "nvme", "rdma")
+SEARCHED_TIERS = tuple(t for t in LOWER_TIER_NAMES if t != "pfs")  # not the parallel FS
 
 Tiers = tuple[tuple[str, int], ...]  # (tier, bytes per node, or of the pool), in LOWER_TIER_NAMES
 
