@@ -818,7 +818,9 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"kvsim: error: {exc}", err=True)
         sys.exit(2)
     except click.ClickException as exc:
-        click.echo(f"kvsim: error: {exc.format_message()}", err=True)
+        from kvsim.textio import one_line  # click quotes arguments, newlines and all
+
+        click.echo(f"kvsim: error: {one_line(exc.format_message())}", err=True)
         sys.exit(2)
     except click.exceptions.Abort:
         click.echo("kvsim: aborted", err=True)

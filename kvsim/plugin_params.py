@@ -6,7 +6,6 @@ same syntax and refuse the same mistakes: a value of the wrong type, NaN, an unk
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
@@ -14,6 +13,7 @@ from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from kvsim.errors import ConfigError
+from kvsim.textio import parse_json
 
 
 def build_params(cls: Any, kind: str, name: str, params: Mapping[str, Any]) -> Any:
@@ -66,6 +66,8 @@ def checked(kind: str, plugin: str, key: str, hint: Any, value: Any) -> Any:
                 raise fail("a finite number")
             if isinstance(v, bool) or not isinstance(v, int | float):
                 raise fail("a number")
+            if isinstance(v, int) and not -1e300 < v < 1e300:  # float() would overflow
+                raise fail("a finite number")
             return float(v)
         if t is str:
             if not isinstance(v, str):
@@ -131,9 +133,9 @@ def parse_params(items: str | Sequence[str], kind: str) -> dict[str, dict[str, A
         plugin, dot, field = key.strip().rpartition(".")
         if not sep or not dot or not plugin or not field:
             raise ConfigError(f"{kind} parameter {item!r}: expected {kind.upper()}.NAME=VALUE")
-        try:
-            value: Any = json.loads(text)
-        except json.JSONDecodeError:
+        try:  # nested too deep or more than 4300 digits: a ValueError, kept as text
+            value: Any = parse_json(text)
+        except ValueError:
             value = text.strip()
         out.setdefault(plugin, {})[field] = value
     return out

@@ -26,6 +26,7 @@ from kvsim.hardware.profile import HardwareProfile
 from kvsim.metrics import Slo
 from kvsim.models import ModelSpec, load_model
 from kvsim.models.dtypes import weight_dtype_bytes
+from kvsim.textio import exists
 from kvsim.traces.arrivals import check_arrival
 from kvsim.traces.registry import run_requests, trace_names
 
@@ -94,7 +95,7 @@ def _check_workload(config: RunConfig) -> None:
     trace = config.trace
     if not isinstance(trace, str) or not trace.strip():
         raise UnknownNameError("trace", str(trace), [*trace_names(), "a file path"])
-    if trace not in trace_names() and not Path(trace).exists():
+    if trace not in trace_names() and not exists(Path(trace)):  # a name too long is missing
         raise UnknownNameError("trace", trace, [*trace_names(), "a file path"])
 
 

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from kvsim.errors import ConfigError
 from kvsim.mrc import BlockSequence, replay
 from kvsim.policies import BlockInfo, make_policy
 from kvsim.policies.ema_head import EmaHead, EmaHeadParams, HeadProfile
@@ -85,5 +86,5 @@ def test_whole_block_mode_matches_the_engine_order() -> None:
 
 
 def test_bad_params_are_rejected() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match="retrieval_groups"):
         EmaHead(EmaHeadParams(head_groups=2, retrieval_groups=3))

@@ -6,6 +6,7 @@ a traceback. The runs, inputs tried and crashers found are in docs/fuzzing.md.""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from importlib import resources
@@ -405,3 +406,117 @@ def test_config_numbers_are_read_as_their_fields_types(tmp_path: Path) -> None:
     config = RunConfig.from_toml(path)
     got = (config.trace, config.rate, config.max_requests, config.engine.tp)
     assert got == ("lmsys", 2.0, 7, 2)
+
+
+# --- run settings (issue 25): configs, compression text, policy parameters ----------------------
+
+
+def test_config_trace_name_longer_than_the_file_name_limit() -> None:
+    """`resolve` looked the trace up with `Path.exists`: a config whose trace name is over 255
+    bytes was an OSError (ENAMETOOLONG) from `kvsim run --config` and `kvsim sweep`."""
+    from kvsim.errors import UnknownNameError
+    from kvsim.resolve import resolve
+
+    _fails(UnknownNameError, lambda: resolve(RunConfig(trace="ag" + "7" * 300)), "trace")
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [("moe-nd:budget=0.5,n_layers=2424", "n_layers= gives 2,424 layers; at most 256"),
+     (f"moe-nd:layers=0.5x4x4*{10**17}", "expected an integer 1-256"),
+     ("moe-nd:layers=0.5x4x4*200/1x16x16*100", "at most 256 layers in all")],
+)  # fmt: skip
+def test_moe_nd_layer_counts_are_bounded(text: str, fragment: str) -> None:
+    """The greedy solver takes time as layers squared: `n_layers=2424` ran past the fuzzer's
+    10 s limit (found); a `*N` repeat of 10^17 would have built a tuple that large (review)."""
+    from kvsim.compression import parse_compression
+
+    _fails(ConfigError, lambda: parse_compression(text), "compression moe-nd", fragment)
+
+
+def test_moe_nd_sensitivity_table_with_too_many_layers(tmp_path: Path) -> None:
+    from kvsim.compression import parse_compression
+
+    path = tmp_path / "s.csv"
+    path.write_text("layer,keep,kbits,vbits,loss\n"
+                    + "".join(f"{i},1.0,16,16,0\n" for i in range(300)))  # fmt: skip
+    _fails(ConfigError, lambda: parse_compression(f"moe-nd:budget=0.5,sensitivity={path}"),
+           "sensitivity= gives 300 layers")  # fmt: skip
+    assert len(parse_compression("moe-nd:budget=0.5,n_layers=256").layer_configs) == 256
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [("bayes-reuse.age_base_s=0", "'age_base_s' must be in (0, 1e9]"),
+     ("bayes-reuse.age_bins=-43539082322978350", "'age_bins' must be an integer in [1, 1024]"),
+     ('bayes-reuse.kind_map={"user": "nope"}', "'kind_map' maps segment kinds"),
+     ("bayes-reuse.gap_edges=[2, 1]", "'gap_edges' must be non-decreasing"),
+     ("lru-k.k=32589158477190044729", "'k' must be an integer in [1, 1024]"),
+     ("s3fifo.move_to_main_threshold=0", "'move_to_main_threshold'"),
+     ("s3fifo.small_size_ratio=2", "'small_size_ratio' must be in [0, 1]"),
+     ("2q.a_in_size_ratio=-1", "'a_in_size_ratio' must be in [0, 1]"),
+     ("lmcache-cost.sample=0", "'sample' must be an integer"),
+     ("lmcache-cost.half_life_s=0", "'half_life_s'"),
+     ("ema-head.head_groups=0", "'head_groups'"),
+     ("ema-head.retrieval_groups=5", "'retrieval_groups' must be an integer in [0, head_groups"),
+     ("ema-head.ema_weight=0", "'ema_weight' must be in (0, 1]"),
+     ("asym-cost.prior=[0, 1]", "'prior' must be two numbers")],
+)  # fmt: skip
+def test_policy_parameters_out_of_range(text: str, fragment: str) -> None:
+    """Policy `Params` took any number of the right type: bayes-reuse with `age_base_s=0` was a
+    ZeroDivisionError, with `age_bins` negative an IndexError at its first eviction, lru-k with
+    `k` past 2^63 an OverflowError at its first block (found); the other policies' parameters
+    had no ranges either (review). Each is now one line naming the policy and the parameter."""
+    from kvsim.policies import make_policy, parse_policy_params
+
+    ((name, params),) = parse_policy_params(text).items()
+    _fails(ConfigError, lambda: make_policy(name, params), f"policy {name!r}", fragment)
+    make_policy(name)  # the defaults are in range
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [(f"lmcache-cost.half_life_s={10**400}", "expected a finite number"),
+     (f"s3fifo.move_to_main_threshold={'7' * 18000}", "expected an integer"),
+     (f"lru-k.k={'[' * 100_000}", "expected an integer")],
+    ids=["float-overflow", "digits", "deep"],
+)  # fmt: skip
+def test_plugin_parameter_numbers_too_long(text: str, fragment: str) -> None:
+    """`--policy-param` (and `--router-param`, the same parser): an integer past a float's range
+    for a float parameter was an OverflowError, an 18,000-digit one a ValueError (int digit
+    limit) from the JSON reader (found); brackets 100,000 deep a RecursionError (review)."""
+    from kvsim.policies import make_policy, parse_policy_params
+
+    ((name, params),) = parse_policy_params(text).items()
+    _fails(ConfigError, lambda: make_policy(name, params), f"policy {name!r}", fragment)
+
+
+def test_click_error_quoting_an_argument_with_a_newline(capsys: pytest.CaptureFixture) -> None:
+    """`kvsim run` given a stray argument holding a newline: click's 'Got unexpected extra
+    arguments (...)' quoted it as it was, so the error took two lines (found)."""
+    from kvsim.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--trace", "sharegpt", "a\nb", "--max-requests", "1"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kvsim: error: "), err
+    assert "unexpected extra argument" in err
+
+
+@pytest.mark.parametrize(
+    ("rates", "max_replicas", "fragment"),
+    [("1e300x", 64, "rate_scale: 1e+300 is above the largest"),
+     ("1x", 1_000_000, "kvsim models at most 100,000")],
+)  # fmt: skip
+def test_plan_refuses_runs_it_could_not_make(rates: str, max_replicas: int, fragment: str):
+    """`kvsim plan` checked its base config, then made runs that `resolve` refuses: a rate scale
+    past 10^6, or a largest fleet of more GPUs than kvsim models; each failed only once the search
+    reached it. `check_runs` now resolves every rate on every router's largest fleet first."""
+    from kvsim.plan import PlanSettings, check_runs, parse_rates, resolve_rates
+
+    settings = PlanSettings(RunConfig(trace="sharegpt", max_requests=20), 2.0, 0.1,
+                            max_replicas=max_replicas)  # fmt: skip
+    resolved = resolve_rates(parse_rates(rates), 1.0)
+    _fails(ConfigError, lambda: check_runs(settings, resolved), f"--rates {rates}", fragment)
+    check_runs(dataclasses.replace(settings, max_replicas=64), resolve_rates(parse_rates("1x"), 1))

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from kvsim.compression.sizing import LayerBytes
 
 __all__ = [
+    "MAX_LAYERS",
     "Amount",
     "Compression",
     "Key",
@@ -65,6 +66,10 @@ __all__ = [
 ]
 
 Amount = Fraction | int  # a ratio of the context (Fraction) or an absolute token count (int)
+
+#: The most per-layer entries a profile takes (MoE-nD's layers, tables and solver): twice the
+#: deepest model in the catalog (126 layers). The greedy solver's time grows as layers squared.
+MAX_LAYERS = 256
 
 #: ``add(field, value)``: adds to one ``CompressionWork`` field (kvsim.compression.sizing).
 WorkAdder = Callable[[str, float], None]
@@ -388,7 +393,9 @@ def _parse_layers(name: str, key: str, text: str) -> tuple[LayerConfig, ...]:
         keep = _parse_ratio(name, key, parts[0])
         kbits = _parse_int(name, key, parts[1], 1, 16)
         vbits = _parse_int(name, key, parts[2], 1, 16)
-        count = _parse_int(name, key, repeat) if repeat else 1
+        count = _parse_int(name, key, repeat, 1, MAX_LAYERS) if repeat else 1
+        if len(configs) + count > MAX_LAYERS:
+            raise _fail(name, key, text, f"at most {MAX_LAYERS} layers in all")
         configs.extend([LayerConfig(keep, kbits, vbits)] * count)
     return tuple(configs)
 

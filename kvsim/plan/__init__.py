@@ -16,6 +16,7 @@ from kvsim.plan.planner import (
     PlanResult,
     PlanSettings,
     RatePlan,
+    check_runs,
     check_settings,
     miss_reason,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "Runner",
     "Shape",
     "SweepRunner",
+    "check_runs",
     "check_settings",
     "format_frontier",
     "miss_reason",

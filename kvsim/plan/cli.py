@@ -110,6 +110,7 @@ def plan(
     from kvsim.plan import (
         DEFAULT_ROUTERS,
         PlanSettings,
+        check_runs,
         check_settings,
         format_frontier,
         parse_rates,
@@ -165,6 +166,7 @@ def plan(
             raise
         base_per_s = math.nan  # multiples still work; requests/s is unknown
     resolved = resolve_rates(specs, base_per_s)
+    check_runs(settings, resolved)
     del loaded
     folder = PlanFolder(out) if out else None
     try:

@@ -115,6 +115,23 @@ def check_settings(settings: PlanSettings) -> None:
     resolve(settings.base)
 
 
+def check_runs(settings: PlanSettings, rates: Sequence[Rate]) -> None:
+    """Refuse, before any run, a plan some of whose runs `resolve` would refuse: each rate on
+    each router's largest fleet (`max_replicas`, the most GPUs the search may ask for). An
+    invalid configuration is not an unmet SLO, so it must not surface as one after many runs."""
+    from kvsim.resolve import resolve
+
+    for rate in rates:
+        for router in settings.routers:
+            deployment = Deployment(settings.max_replicas, router)
+            try:
+                resolve(settings.config(rate, deployment))
+            except ConfigError as exc:
+                raise ConfigError(
+                    f"--rates {rate.label} on {deployment.describe()} (--max-replicas): {exc}"
+                ) from None
+
+
 # -- results -----------------------------------------------------------------------------------
 def _secs(s: float) -> str:
     return f"{s * 1000:,.0f} ms" if s < 1 else f"{s:,.2f} s"
@@ -457,6 +474,7 @@ def plan(
     """Search every rate, advancing all rates' searches one round at a time (see module doc)."""
     from kvsim.hardware import load_profile
 
+    check_runs(settings, rates)
     start = time.perf_counter()
     profile = load_profile(settings.base.hardware)
     profile_tiers = {

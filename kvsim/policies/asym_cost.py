@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvsim.policies.base import BlockInfo
+from kvsim.policies.base import BlockInfo, check_param
 from kvsim.policies.priority import PriorityPolicy
 
 
@@ -23,6 +23,11 @@ class AsymCostParams:
     """Extra recompute cost per earlier block, relative to a block's own cost (our assumption)."""
     prior: tuple[float, float] = (1.0, 1.0)
     """Beta prior (a, b) of every block's hit probability."""
+
+    def __post_init__(self) -> None:
+        check_param(0 <= self.attention_weight <= 1e6, "attention_weight", "must be in [0, 1e6]")
+        check_param(all(0 < x <= 1e6 for x in self.prior), "prior",
+                    "must be two numbers in (0, 1e6]")  # fmt: skip
 
 
 class AsymCost(PriorityPolicy):

@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from kvsim.errors import ConfigError
+
 FutureFn = Callable[[int, float], float]  # (block key, now_s) -> when it is next used
 
 
@@ -74,6 +76,13 @@ class BlockInfo:
         if self.future is not None:
             self.next_use = self.future(key, self.now_s)
         return self
+
+
+def check_param(ok: bool, field: str, why: str) -> None:
+    """Refuse a policy parameter out of its range (for ``Params.__post_init__``): one ConfigError
+    line naming the parameter, to which the registry adds the policy's name."""
+    if not ok:
+        raise ConfigError(f"parameter {field!r} {why}")
 
 
 class EvictionPolicy(ABC):

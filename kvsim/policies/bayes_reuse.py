@@ -35,7 +35,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from kvsim.policies.base import BlockInfo, EvictionPolicy
+from kvsim.policies.base import BlockInfo, EvictionPolicy, check_param
 
 TRANSITIONS = ("new", "short-gap", "mid-gap", "long-gap")
 BLOCK_KINDS = ("system", "user", "assistant", "other")
@@ -80,6 +80,24 @@ class BayesReuseParams:
     """Blocks whose parent was evicted (orphans: a prefix hit cannot reach them) go first."""
     refresh_every: int = 256
     """Episodes between recomputing P(reuse) from the posteriors."""
+
+    def __post_init__(self) -> None:
+        for name in ("horizon_s", "ghost_factor"):
+            check_param(0 <= getattr(self, name) <= 1e9, name, "must be in [0, 1e9]")
+        for name in ("horizon_factor", "prior_alpha", "prior_beta", "age_base_s",
+                     "ghost_horizons"):  # fmt: skip
+            check_param(0 < getattr(self, name) <= 1e9, name, "must be in (0, 1e9]")
+        check_param(1 <= self.age_bins <= 1024, "age_bins", "must be an integer in [1, 1024]")
+        check_param(1 <= self.refresh_every < 2**31, "refresh_every",
+                    "must be an integer in [1, 2^31)")  # fmt: skip
+        for name in ("depth_edges", "gap_edges"):
+            edges = getattr(self, name)
+            ok = list(edges) == sorted(edges) and edges[0] >= 0 and edges[-1] <= 1e9
+            check_param(ok, name, "must be non-decreasing numbers in [0, 1e9]")
+        for kind, block in self.kind_map.items():
+            check_param(isinstance(kind, str) and block in BLOCK_KINDS, "kind_map",
+                        f"maps segment kinds to one of {', '.join(BLOCK_KINDS)}; "
+                        f"got {kind!r}: {block!r}")  # fmt: skip
 
 
 class BayesReuse(EvictionPolicy):

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvsim.policies.base import BlockInfo
+from kvsim.policies.base import BlockInfo, check_param
 from kvsim.policies.priority import PriorityPolicy
 
 
@@ -57,6 +57,16 @@ class EmaHeadParams:
     tolerate_loss: float = 0.0
     """Head-granular only: a block missing groups still hits (lossily) if the attention share
     it loses is at most this; 0 = lossless, any missing group is a miss."""
+
+    def __post_init__(self) -> None:
+        check_param(1 <= self.head_groups <= 1024, "head_groups", "must be an integer in [1, 1024]")
+        check_param(0 <= self.retrieval_groups <= self.head_groups, "retrieval_groups",
+                    f"must be an integer in [0, head_groups = {self.head_groups}]")  # fmt: skip
+        for name in ("local_decay_blocks", "step_s"):
+            check_param(0 < getattr(self, name) <= 1e9, name, "must be in (0, 1e9]")
+        check_param(0 < self.ema_weight <= 1, "ema_weight", "must be in (0, 1]")
+        for name in ("sink_mass", "tolerate_loss"):
+            check_param(0 <= getattr(self, name) <= 1, name, "must be in [0, 1]")
 
 
 class HeadProfile:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from kvsim.policies.base import BlockInfo, EvictionPolicy
+from kvsim.policies.base import BlockInfo, EvictionPolicy, check_param
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,11 @@ class LMCacheCostParams:
     sample: int = 32
     """Evictable blocks scored per eviction; the whole set when smaller."""
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_param(0 <= self.ewma_weight <= 1, "ewma_weight", "must be in [0, 1]")
+        check_param(0 < self.half_life_s <= 1e9, "half_life_s", "must be in (0, 1e9] seconds")
+        check_param(1 <= self.sample < 2**31, "sample", "must be an integer in [1, 2^31)")
 
 
 class LMCacheCost(EvictionPolicy):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from kvsim.policies.base import BlockInfo
+from kvsim.policies.base import BlockInfo, check_param
 from kvsim.policies.priority import PriorityPolicy
 
 
@@ -19,6 +19,9 @@ from kvsim.policies.priority import PriorityPolicy
 class LRUKParams:
     k: int = 2
     """Which most recent access orders blocks (2 = the database classic LRU-2)."""
+
+    def __post_init__(self) -> None:
+        check_param(1 <= self.k <= 1024, "k", "must be an integer in [1, 1024]")
 
 
 class LRUK(PriorityPolicy):

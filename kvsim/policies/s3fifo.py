@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from kvsim.policies.base import BlockInfo
+from kvsim.policies.base import BlockInfo, check_param
 from kvsim.policies.queues import QueuedPolicy
 
 
@@ -28,6 +28,12 @@ class S3FIFOParams:
     """Ghost FIFO length as a share of the tier's size in blocks."""
     move_to_main_threshold: int = 2
     """Hits while in the small FIFO that promote a block to main."""
+
+    def __post_init__(self) -> None:
+        check_param(0 <= self.small_size_ratio <= 1, "small_size_ratio", "must be in [0, 1]")
+        check_param(0 <= self.ghost_size_ratio <= 1000, "ghost_size_ratio", "must be in [0, 1000]")
+        check_param(1 <= self.move_to_main_threshold < 2**31, "move_to_main_threshold",
+                    "must be an integer in [1, 2^31)")  # fmt: skip
 
 
 class S3FIFO(QueuedPolicy):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from kvsim.policies.base import BlockInfo
+from kvsim.policies.base import BlockInfo, check_param
 from kvsim.policies.queues import QueuedPolicy
 
 
@@ -21,6 +21,10 @@ class TwoQParams:
     """Share of the tier for the A1in FIFO."""
     a_out_size_ratio: float = 0.5
     """A1out ghost length as a share of the tier's size in blocks."""
+
+    def __post_init__(self) -> None:
+        check_param(0 <= self.a_in_size_ratio <= 1, "a_in_size_ratio", "must be in [0, 1]")
+        check_param(0 <= self.a_out_size_ratio <= 1000, "a_out_size_ratio", "must be in [0, 1000]")
 
 
 class TwoQ(QueuedPolicy):

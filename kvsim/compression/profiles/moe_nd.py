@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from kvsim.compression.base import Compression, Key, LayerConfig, WorkAdder, pick
+from kvsim.compression.base import MAX_LAYERS, Compression, Key, LayerConfig, WorkAdder, pick
 from kvsim.compression.quality import QualityPoint
 from kvsim.errors import ConfigError
 
@@ -107,8 +107,10 @@ class MoEnD(Compression):
             if "sensitivity" in values:
                 table = load_sensitivity(values["sensitivity"])
             else:
-                table = synthetic_sensitivity(values.get("n_layers", 32))
+                table = synthetic_sensitivity(_layer_count(values.get("n_layers", 32), "n_layers"))
+            _layer_count(len(table), "sensitivity")
             configs = solve(table, values["budget"], group).configs
+        _layer_count(len(configs), "table")
         return cls.build({"layers": configs, "group": group}, layer_configs=configs)
 
     @property
@@ -157,3 +159,12 @@ class MoEnD(Compression):
             "MoE-nD's abstract (arXiv 2604.17695) reports matching the baseline at 14x, "
             "nothing beyond"
         )
+
+
+def _layer_count(count: int, key: str) -> int:
+    """`count` layers, refused past MAX_LAYERS (a table or solver that large is not a model's)."""
+    if count > MAX_LAYERS:
+        raise ConfigError(
+            f"compression moe-nd: {key}= gives {count:,} layers; at most {MAX_LAYERS} are taken"
+        )
+    return count
