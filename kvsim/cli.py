@@ -391,12 +391,19 @@ def _default_out() -> Path:
     "baseline_policy",
     help="Also run this policy on the same config and print the ratios (results in OUT-baseline).",
 )
+@click.option(
+    "--yes",
+    is_flag=True,
+    help="Run even when the estimate (kvsim.estimate) says it needs more memory than this "
+    "machine has available.",
+)
 def run(
     config_path: str | None,
     out: str | None,
     overwrite: bool,
     as_json: bool,
     baseline_policy: str | None,
+    yes: bool,
     **options,
 ) -> None:
     """Simulate serving replicas on a trace and report TTFT, TPOT, throughput and hit ratio.
@@ -430,6 +437,10 @@ def run(
         base_resolved = _resolve_as_typed(
             dataclasses.replace(config, engine=base_engine), {*given, "policy"}, config_path
         )
+    # a long or large run says so (or is refused) before anything is written or simulated
+    from kvsim.estimate import check_estimate
+
+    check_estimate(resolved, yes, lambda line: click.echo(f"warning: {line}", err=True))
     # fail before simulating when the results cannot be written there
     folder = ResultsFolder(Path(out) if out else _default_out(), overwrite)
     base_folder = None

@@ -32,7 +32,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from kvsim.errors import ConfigError
+from kvsim.errors import ConfigError, KvsimError
 from kvsim.hardware.tier_kinds import tier_kind
 from kvsim.plan.deployment import (
     SEARCHED_TIERS,
@@ -116,20 +116,70 @@ def check_settings(settings: PlanSettings) -> None:
 
 
 def check_runs(settings: PlanSettings, rates: Sequence[Rate]) -> None:
-    """Refuse, before any run, a plan some of whose runs `resolve` would refuse: each rate on
-    each router's largest fleet (`max_replicas`, the most GPUs the search may ask for). An
-    invalid configuration is not an unmet SLO, so it must not surface as one after many runs."""
+    """Refuse, before any run, a plan some of whose runs `resolve` would refuse. An invalid
+    configuration is not an unmet SLO, so it must not surface as one after many runs.
+
+    Checked: each rate on each router's largest fleet (`max_replicas`, the most GPUs the search
+    may ask for), and at the highest rate every kind of deployment the stages build (`_shapes`):
+    each searched tier at its full size, all of them at once, and each P/D share at two replicas
+    and at `max_replicas`. What `resolve` checks grows with the fleet, not the other way round
+    (GPUs, nodes that P/D spans), so the extremes stand for the counts between them."""
     from kvsim.resolve import resolve
+
+    def check(rate: Rate, deployment: Deployment, why: str) -> None:
+        try:
+            resolve(settings.config(rate, deployment))
+        except KvsimError as exc:
+            raise ConfigError(
+                f"--rates {rate.label} on {deployment.describe()} ({why}): {exc}"
+            ) from None
 
     for rate in rates:
         for router in settings.routers:
-            deployment = Deployment(settings.max_replicas, router)
-            try:
-                resolve(settings.config(rate, deployment))
-            except ConfigError as exc:
-                raise ConfigError(
-                    f"--rates {rate.label} on {deployment.describe()} (--max-replicas): {exc}"
-                ) from None
+            check(rate, Deployment(settings.max_replicas, router), "--max-replicas")
+    if not rates:
+        return
+    top = max(rates, key=lambda r: r.rate_scale)
+    for deployment, why in _shapes(settings, _profile_tiers(settings.base.hardware)):
+        check(top, deployment, why)
+
+
+def _profile_tiers(hardware: str) -> dict[str, tuple[int, bool]]:
+    """The profile's lower tiers: name -> (capacity bytes, on by default)."""
+    from kvsim.hardware import load_profile
+
+    profile = load_profile(hardware)
+    return {
+        t.name: (int(t.capacity_bytes), bool(t.enabled)) for t in profile.tiers if t.name != "hbm"
+    }
+
+
+def _shapes(
+    settings: PlanSettings, profile_tiers: dict[str, tuple[int, bool]]
+) -> list[tuple[Deployment, str]]:
+    """One deployment of each kind the plan's stages build, at the sizes `check_runs` checks."""
+    top = settings.max_replicas
+    base = Shape(settings.routers[0], base_tiers([(n, c, on) for n, (c, on) in
+                                                  profile_tiers.items()]))  # fmt: skip
+    searched = [n for n in settings.search_tiers if n in profile_tiers]
+    full = base
+    out: list[tuple[Deployment | None, str]] = [(base.at(1), "one replica")]
+    for name in searched:
+        full = full.with_tier(name, profile_tiers[name][0])
+        alone = base.with_tier(name, profile_tiers[name][0]).at(top)
+        out.append((alone, f"{tier_kind(name).label} at its full size, which the plan tries"))
+    out.append((full.at(top), "every searched tier at its full size"))
+    for share in settings.pd_shares:
+        for tiers in dict.fromkeys([base, full]):
+            for n in dict.fromkeys([2, top]):
+                at = dataclasses.replace(tiers, pd_share=share).at(n)
+                if at is not None:
+                    out.append((at, f"a P/D split the plan tries, prefill share {share:g}"))
+    first: dict[Deployment, str] = {}
+    for deployment, why in out:
+        if deployment is not None:
+            first.setdefault(deployment, why)
+    return list(first.items())
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -472,14 +522,9 @@ def plan(
     on_round: Callable[[int, int], None] | None = None,
 ) -> PlanResult:
     """Search every rate, advancing all rates' searches one round at a time (see module doc)."""
-    from kvsim.hardware import load_profile
-
     check_runs(settings, rates)
     start = time.perf_counter()
-    profile = load_profile(settings.base.hardware)
-    profile_tiers = {
-        t.name: (int(t.capacity_bytes), bool(t.enabled)) for t in profile.tiers if t.name != "hbm"
-    }
+    profile_tiers = _profile_tiers(settings.base.hardware)
     cached = CachedRunner(runner, on_round)
     planners = [_RatePlanner(settings, rate, profile_tiers) for rate in rates]
     steps = [p.run() for p in planners]
