@@ -166,6 +166,10 @@ class Compression:
         """KV layers the profile is written for (per-layer lists), or None when uniform."""
         return None
 
+    def layer_count_hint(self, kv_layers: int) -> str:
+        """What to give when `layer_count` is not the model's `kv_layers` (for the error)."""
+        return f"give {kv_layers} entries, one per KV layer, or a single entry for all layers"
+
     def keep_ratio(self, layer: int | None) -> Fraction:
         """The prompt fraction a per-layer profile keeps in ``layer`` (None: the mean)."""
         return Fraction(1)

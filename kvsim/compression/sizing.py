@@ -97,8 +97,8 @@ def layer_bytes(
     expected = comp.layer_count
     if expected is not None and expected != len(layers):
         raise ConfigError(
-            f"compression {comp.name}: lists {expected} layers but {spec.name} has {len(layers)} "
-            f"KV layers; give one entry per KV layer (or a single one for all)"
+            f"compression {comp.name}: {expected} per-layer entries, but {spec.name} has "
+            f"{len(layers)} KV layers (layers that store KV); {comp.layer_count_hint(len(layers))}"
         )
     out: list[LayerBytes] = []
     for index, lb in enumerate(layers):

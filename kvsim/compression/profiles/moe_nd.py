@@ -118,6 +118,14 @@ class MoEnD(Compression):
         count = len(self.layer_configs)
         return count if count > 1 else None  # one entry applies to every layer
 
+    def layer_count_hint(self, kv_layers: int) -> str:
+        """budget= solves over n_layers= synthetic layers (32 by default), whatever the model."""
+        return (
+            f"give {kv_layers} experts (layers= entries or table= rows) or a single one for all "
+            f"layers (layers=0.5x4x2); budget= solves over a synthetic table of n_layers= layers "
+            f"(32 unless given): add n_layers={kv_layers}"
+        )
+
     def _layer_config(self, layer: int) -> LayerConfig:
         return pick(self.layer_configs, layer, self.name, "layers")
 
