@@ -36,6 +36,8 @@ def read_bytes(path: Path, shown: str, error: type[KvsimError]) -> bytes:
         raise error(f"{shown}: is a directory, not a file") from None
     except OSError as exc:  # permission denied, I/O error
         raise error(f"{shown}: cannot read: {exc.strerror or exc}") from None
+    except ValueError:  # a NUL byte: no system can open such a name
+        raise error(f"{shown}: no such file (the name holds a NUL byte)") from None
 
 
 def decode_utf8(raw: bytes, shown: str, error: type[KvsimError], line_base: int = 1) -> str:

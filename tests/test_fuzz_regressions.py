@@ -520,3 +520,27 @@ def test_plan_refuses_runs_it_could_not_make(rates: str, max_replicas: int, frag
     resolved = resolve_rates(parse_rates(rates), 1.0)
     _fails(ConfigError, lambda: check_runs(settings, resolved), f"--rates {rates}", fragment)
     check_runs(dataclasses.replace(settings, max_replicas=64), resolve_rates(parse_rates("1x"), 1))
+
+
+@pytest.mark.parametrize(
+    ("engine", "fragment"),
+    [({"replicas": 2**32}, "4294967296 replicas of 1 GPUs"),
+     ({"pd": f"1:{2**32}"}, "4294967297 replicas of 1 GPUs")],
+)  # fmt: skip
+def test_replica_count_is_bounded_before_anything_is_built(engine: dict, fragment: str) -> None:
+    """`kvsim run --replicas 4294967296` was a MemoryError: `resolve` built a role per replica
+    before checking the GPU count against its bound (found); a P/D split that large, the same
+    (review)."""
+    from kvsim.engine.config import EngineConfig
+    from kvsim.resolve import resolve
+
+    config = RunConfig(model="qwen2.5-0.5b", engine=EngineConfig(**engine))
+    _fails(ConfigError, lambda: resolve(config), "engine.replicas", fragment, "at most 100,000")
+
+
+def test_compression_table_name_holding_a_nul_byte() -> None:
+    """`--compression moe-nd:table=<NUL>`: opening the name was a ValueError (embedded null
+    byte) from the file reader every kvsim reader shares (found)."""
+    from kvsim.compression import parse_compression
+
+    _fails(ConfigError, lambda: parse_compression("moe-nd:table=a\x00b"), "no such file")

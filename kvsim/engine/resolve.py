@@ -82,12 +82,13 @@ def resolve_engine(
             "compression with --pd is not modelled"
         )
     router_params, router_warnings = _router_params(config)
-    roles = _roles(config, split)
-    if len(roles) * config.tp > MAX_GPUS:
+    count = sum(split) if split is not None else (config.replicas or 1)
+    if count * config.tp > MAX_GPUS:  # before the roles: a tuple of 2^32 of them is a MemoryError
         raise ConfigError(
-            f"engine.replicas: {len(roles)} replicas of {config.tp} GPUs need "
-            f"{len(roles) * config.tp:,} GPUs; kvsim models at most {MAX_GPUS:,}"
+            f"engine.replicas: {count} replicas of {config.tp} GPUs need "
+            f"{count * config.tp:,} GPUs; kvsim models at most {MAX_GPUS:,}"
         )
+    roles = _roles(config, split)
     _check_pd_network(config, resolved_profile, roles)
     num_blocks, block_bytes = _kv_blocks(config, model, resolved_profile, comp)
     return ResolvedEngine(
