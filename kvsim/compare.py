@@ -29,7 +29,14 @@ from typing import Any
 from kvsim.errors import ConfigError
 from kvsim.run import RunConfig
 from kvsim.sweep import Executor, run_many
-from kvsim.sweep.spec import KEY_TYPES, describe, flat_config, params_of, resolve
+from kvsim.sweep.spec import (
+    KEY_TYPES,
+    check_grid_size,
+    describe,
+    flat_config,
+    params_of,
+    resolve,
+)
 
 #: The figures of a row: summary key -> (column label, unit scale for the terminal).
 FIGURES: dict[str, tuple[str, float]] = {
@@ -218,6 +225,10 @@ def compare(
     for key, values in vary.items():
         if isinstance(values, str) or not values:
             raise ConfigError(f"vary {key}: expected a non-empty list of values")
+    check_grid_size(
+        [(key, len(values)) for key, values in vary.items()], "vary", "vary fewer keys at once"
+    )
+    for key, values in vary.items():
         typed = [_typed(key, v) for v in values]
         for i, value in enumerate(typed):
             if value in typed[:i]:

@@ -132,7 +132,8 @@ def build_replica(
     policy = make_policy(run.tiers.policies["hbm"], run.tiers.params_of("hbm"))
     # ema-head with head_granular=true frees KV-head groups; every other policy whole blocks
     pool_kind = GroupPool if policy.head_groups() > 1 else BlockPool
-    pool = pool_kind(run.num_blocks, policy, run.block_bytes)
+    # routers that see snapshots replay each pool's journal of HBM changes at every refresh
+    pool = pool_kind(run.num_blocks, policy, run.block_bytes, config.router_refresh_s > 0)
     node = node_of(index, config.tp, profile.gpus_per_node)
     hierarchy = build_hierarchy(
         env,

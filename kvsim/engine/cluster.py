@@ -71,7 +71,7 @@ class CacheView:
         self._known: list[dict[int, None]] = []
         if self.stale:
             for replica in replicas:
-                replica.kv.pool.journal = []
+                assert replica.kv.pool.journal is not None, "built with journal=True"
                 self._known.append({})
             self.refresh()
         self._classes = [

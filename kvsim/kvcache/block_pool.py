@@ -65,7 +65,11 @@ class BlockPool:
     mass_lost = 0.0
     """Attention share those missing groups held (always 0 here)."""
 
-    def __init__(self, num_blocks: int, policy: EvictionPolicy, block_bytes: int = 1) -> None:
+    def __init__(
+        self, num_blocks: int, policy: EvictionPolicy, block_bytes: int = 1, journal: bool = False
+    ) -> None:
+        """`journal`: record every block that becomes cached or is evicted, for a view that
+        replays them at each refresh (kvsim.engine.cluster.CacheView's snapshots)."""
         if num_blocks < 1:
             raise ValueError("a block pool needs at least one block")
         self.num_blocks = num_blocks
@@ -87,9 +91,9 @@ class BlockPool:
         # write-through computed ones too
         self.on_evict: Callable[[list[int]], None] | None = None
         self.on_register: Callable[[list[int]], None] | None = None
-        # set when a router sees stale snapshots: (cached?, keys) for every change, replayed
+        # kept when a router sees stale snapshots: (cached?, keys) for every change, replayed
         # into the router's copy at each refresh
-        self.journal: list[tuple[bool, list[int]]] | None = None
+        self.journal: list[tuple[bool, list[int]]] | None = [] if journal else None
 
     def describe(self, kinds: Sequence[int] | None, request_tokens: int) -> None:
         """Name the request whose blocks the next calls hand over (for policies that read it)."""

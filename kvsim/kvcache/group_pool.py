@@ -44,8 +44,10 @@ class GroupPool(BlockPool):
 
     head_granular = True
 
-    def __init__(self, num_blocks: int, policy: EvictionPolicy, block_bytes: int = 1) -> None:
-        super().__init__(num_blocks, policy, block_bytes)
+    def __init__(
+        self, num_blocks: int, policy: EvictionPolicy, block_bytes: int = 1, journal: bool = False
+    ) -> None:
+        super().__init__(num_blocks, policy, block_bytes, journal)
         groups = policy.head_groups()
         if groups < 2:
             raise ValueError("a group pool needs a policy with head_groups() >= 2")

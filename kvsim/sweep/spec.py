@@ -35,6 +35,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import os
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,6 +45,7 @@ from typing import Any
 
 from kvsim.config import RunConfig
 from kvsim.engine.config import EngineConfig
+from kvsim.engine.resolve import pd_split
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.hardware.tier_kinds import TIER_NAMES
 from kvsim.resolve import resolve as resolve_run
@@ -51,6 +53,10 @@ from kvsim.textio import read_utf8
 from kvsim.units import parse_size
 
 SECTIONS = ("base", "grid", "zip", "list", "configs")
+#: The most configurations one sweep or comparison expands to: each is a run (seconds to hours),
+#: and each is resolved before the first starts (about 8 ms apiece), so 10,000 already means
+#: hours. Checked from the lists' lengths, before the product is built.
+MAX_CONFIGURATIONS = 10_000
 _KINDS = {"int": int, "float": float, "str": str, "bool": bool}
 #: The engine's weight dtype is the run's choice (RunConfig.weight_dtype), as in `kvsim run`.
 _ENGINE_KEYS = {f.name: f for f in dataclasses.fields(EngineConfig) if f.name != "weight_dtype"}
@@ -96,6 +102,9 @@ def flat_config(config: RunConfig) -> dict[str, Any]:
     """A config as flat keys (the spec's names): RunConfig's fields, then EngineConfig's."""
     out = {name: getattr(config, name) for name in _RUN_KEYS}
     out.update({name: getattr(config.engine, name) for name in _ENGINE_KEYS})
+    if out.get("replicas", 0) is None:  # not given: the count the run has (1, or P + D)
+        split = pd_split(config.engine)
+        out["replicas"] = sum(split) if split else 1
     return out
 
 
@@ -130,9 +139,12 @@ def expand_spec(doc: Mapping[str, Any], where: str = "spec") -> list[Configurati
     base = _values(_table(doc.get("base", {}), "base", where), "base", where)
     axes: list[list[dict[str, Any]]] = []
     owner: dict[str, str] = {}
+    sizes: list[tuple[str, int]] = []  # each section's length, checked before any product
     if "grid" in doc:
         grid = _lists(_table(doc["grid"], "grid", where), "grid", where)
         keys = list(grid)
+        sizes += [(f"grid.{k}", len(v)) for k, v in grid.items()]
+        check_grid_size(sizes, where)
         axes.append(
             [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*grid.values())]
         )
@@ -148,6 +160,8 @@ def expand_spec(doc: Mapping[str, Any], where: str = "spec") -> list[Configurati
                     "zipped lists must have equal lengths"
                 )
         _claim(owner, zipped, "zip", where)
+        sizes.append(("zip", lengths[first]))
+        check_grid_size(sizes, where)
         axes.append(
             [dict(zip(zipped, row, strict=True)) for row in zip(*zipped.values(), strict=True)]
         )
@@ -164,6 +178,8 @@ def expand_spec(doc: Mapping[str, Any], where: str = "spec") -> list[Configurati
                 label = f"{name}[{i}]"
                 rows.append(_values(_table(item, label, where), label, where))
             _claim(owner, {k: None for row in rows for k in row}, name, where)
+            sizes.append((name, len(rows)))
+            check_grid_size(sizes, where)
             axes.append(rows)
     keys = list(owner)
     overrides = [
@@ -186,6 +202,27 @@ def expand_spec(doc: Mapping[str, Any], where: str = "spec") -> list[Configurati
         seen[cid] = i
         out.append(Configuration(cid, config, params_of(config, keys)))
     return out
+
+
+def check_grid_size(
+    sizes: Sequence[tuple[str, int]], where: str, hint: str = "list the points you need in [[list]]"
+) -> int:
+    """The number of configurations `sizes` (label, values) multiply to; ConfigError naming
+    every size when it exceeds MAX_CONFIGURATIONS. Arithmetic only: nothing is expanded."""
+    total = math.prod(n for _, n in sizes)
+    if total > MAX_CONFIGURATIONS:
+        product = " × ".join(f"{label} {n:,}" for label, n in sizes)
+        raise ConfigError(
+            f"{where}: {product} = {_count(total)} configurations; at most "
+            f"{MAX_CONFIGURATIONS:,} in one run of kvsim (each is a simulation): split it, or "
+            f"{hint}"
+        )
+    return total
+
+
+def _count(n: int) -> str:
+    """'12,000' or, past a trillion, '1e+20': a count that fits on a line."""
+    return f"{n:,}" if n < 10**12 else f"{n:.3g}"
 
 
 def resolve(values: Mapping[str, Any]) -> RunConfig:
