@@ -85,8 +85,8 @@ def resolve_engine(
     count = sum(split) if split is not None else (config.replicas or 1)
     if count * config.tp > MAX_GPUS:  # before the roles: a tuple of 2^32 of them is a MemoryError
         raise ConfigError(
-            f"engine.replicas: {count} replicas of {config.tp} GPUs need "
-            f"{count * config.tp:,} GPUs; kvsim models at most {MAX_GPUS:,}"
+            f"engine.replicas: {count:,} replicas of {config.tp} GPU{'s' * (config.tp > 1)} "
+            f"need {count * config.tp:,} GPUs; kvsim models at most {MAX_GPUS:,}"
         )
     roles = _roles(config, split)
     _check_pd_network(config, resolved_profile, roles)
