@@ -524,8 +524,8 @@ def test_plan_refuses_runs_it_could_not_make(rates: str, max_replicas: int, frag
 
 @pytest.mark.parametrize(
     ("engine", "fragment"),
-    [({"replicas": 2**32}, "4294967296 replicas of 1 GPUs"),
-     ({"pd": f"1:{2**32}"}, "4294967297 replicas of 1 GPUs")],
+    [({"replicas": 2**32}, "4,294,967,296 replicas of 1 GPU need"),
+     ({"pd": f"1:{2**32}"}, "4,294,967,297 replicas of 1 GPU need")],
 )  # fmt: skip
 def test_replica_count_is_bounded_before_anything_is_built(engine: dict, fragment: str) -> None:
     """`kvsim run --replicas 4294967296` was a MemoryError: `resolve` built a role per replica
