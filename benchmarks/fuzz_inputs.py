@@ -1,4 +1,5 @@
-"""Fuzz every trace loader and the profile, model and run-config readers (issue 10).
+"""Fuzz every trace loader, the profile, model and run-config readers (issue 10), and the readers
+of run settings: sweep specs, plan and run options, compression and plugin-parameter text (25).
 
 Each target is a hypothesis test that builds a file from real samples (the shipped traces, the
 shipped hardware profiles, the model catalog, a default run config), mutates it (wrong types,
@@ -7,8 +8,9 @@ lines, stray bytes, corrupt gzip, deep nesting, empty files, raw bytes), writes 
 file and calls the real reader, the way the CLI does. A `KvsimError` is a correct answer; any
 other exception, a hang (over `--hang-s` seconds on one input) or a loaded result that breaks the
 reader's own contract (a trace table that fails `validate_trace`, a profile whose iteration time
-is not finite, a config that does not survive being written and read again) is a crasher: its
-input is saved under `--save DIR` with its traceback, and printed.
+is not finite, a config that does not survive being written and read again, a command whose
+exit 2 does not end in one `kvsim: error:` line) is a crasher: its input is saved under
+`--save DIR` with its traceback, and printed.
 
 Each target runs in its own process, bounded by `--seconds` of wall time and `--mem-gib` of
 address space (so a runaway allocation is a MemoryError, not a dead machine); a process that dies
@@ -904,9 +906,36 @@ def run_model(path: Path, opts: dict[str, Any]) -> None:
         raise BadOutput(f"validated model gives iteration time {seconds!r}")
 
 
-def config_seeds() -> list[dict]:
+def full_config() -> Any:
+    """A run config that sets every key to a value other than its default (and runs)."""
+    from kvsim.config import RunConfig
     from kvsim.engine.config import EngineConfig
-    from kvsim.run import RunConfig
+
+    return RunConfig(
+        trace="mooncake-conversation", max_requests=40, rate=None, rate_scale=1.5,
+        arrival="gamma", cv=1.5, trace_format=None, tokenizer=None, skip_bad_rows=True,
+        model="qwen2.5-0.5b", weight_dtype="fp8", hardware="h200-sxm", slo_ttft_s=2.0,
+        slo_tpot_s=0.1,
+        engine=EngineConfig(
+            block_size=32, max_num_seqs=64, max_num_batched_tokens=4096, chunked_prefill=False,
+            num_scheduler_steps=2, kv_reservation="full", tp=2, kv_dtype="fp8",
+            weight_dtype="fp8", policy="hbm=s3fifo,dram=lru-k",
+            policy_params="s3fifo.small_size_ratio=0.2,lru-k.k=3",
+            enable_prefix_caching=True, num_gpu_blocks=2000, coalesce_decode=False,
+            tiers="hbm,dram,nvme", tier_capacity="dram=256GiB,nvme=2TB",
+            write_policy="write-back", hierarchy="exclusive", admission="nvme=second-chance",
+            prefetch=False, prefetch_lead_s=0.25, load_overlap="layerwise", rope_reuse=True,
+            timeline_interval_s=0.5, compression="quant:k=8,v=8", auto_latency_budget_s=0.04,
+            auto_memory_fraction=0.1, seed=7, replicas=4, router="llm-d",
+            router_params="llm-d.prefix_weight=3,llm-d.approximate=true",
+            router_refresh_s=0.01, pd="", pd_threshold=64,
+        ),
+    )  # fmt: skip
+
+
+def config_seeds() -> list[dict]:
+    from kvsim.config import RunConfig
+    from kvsim.engine.config import EngineConfig
 
     base = RunConfig().as_dict()
     busy = RunConfig(
@@ -916,40 +945,504 @@ def config_seeds() -> list[dict]:
                             router="round-robin", pd="1:1", tier_capacity="dram=1TiB",
                             num_gpu_blocks=4000),
     ).as_dict()  # fmt: skip
-    return [base, busy]
+    auto = RunConfig(
+        trace="agentic", rate=0.5, arrival="poisson", model="llama-3.1-8b",
+        engine=EngineConfig(compression="auto:none|h2o:budget=0.3", auto_latency_budget_s=0.02,
+                            router="dynamo-kv", replicas=3,
+                            router_params="dynamo-kv.overlap_score_weight=2"),
+    ).as_dict()  # fmt: skip
+    return [_no_nulls(d) for d in (base, busy, auto, full_config().as_dict())]
 
 
-CONFIG_KEYS = ["trace", "model", "hardware", "engine", "slo", "name", "max_requests", "rate",
-               "rate_scale", "arrival", "cv", "format", "tokenizer", "skip_bad_rows",
-               "weight_dtype", "profile", "ttft_s", "tpot_s", "block_size", "policy", "tiers",
-               "seed", "pd", "replicas", "policy_params", "num_gpu_blocks", "tier_capacity",
-               "admission", "router", "router_params"]  # fmt: skip
+def _no_nulls(doc: Any) -> Any:
+    """A config tree without its None values (TOML has no null; a missing key is its default)."""
+    if isinstance(doc, dict):
+        return {k: _no_nulls(v) for k, v in doc.items() if v is not None}
+    return doc
+
+
+def _config_keys() -> list[str]:
+    from kvsim.engine.config import EngineConfig
+
+    keys = {k for table in full_config().as_dict().values() for k in table}
+    keys |= {f.name for f in dataclasses.fields(EngineConfig)}
+    return ["trace", "model", "hardware", "engine", "slo", *sorted(keys)]
+
+
+CONFIG_KEYS = _config_keys()
 
 
 def run_config(path: Path, opts: dict[str, Any]) -> None:
-    """What `kvsim run --config FILE` does before simulating: read, check, resolve names."""
-    from kvsim import tomlwrite
-    from kvsim.hardware import load_profile
-    from kvsim.metrics import Slo
-    from kvsim.models import load_model
-    from kvsim.run import RunConfig, check_config, resolve_weight_dtype
-    from kvsim.traces.arrivals import check_arrival
-    from kvsim.traces.registry import _check_options
+    """What `kvsim run --config FILE` does before simulating: read, then `resolve` (the one
+    validator); the resolved config, as the run writes it, must read back and resolve again."""
+    from kvsim.config import RunConfig
+    from kvsim.resolve import resolve
 
-    config = RunConfig.from_toml(path)
-    check_config(config)
-    weight_dtype = resolve_weight_dtype(config, "bf16")  # as `run` resolves it before writing
-    engine = dataclasses.replace(config.engine, weight_dtype=weight_dtype)
-    config = dataclasses.replace(config, weight_dtype=weight_dtype, engine=engine)
-    again = path.with_name("again.toml")
-    again.write_text(tomlwrite.dumps(config.as_dict()))
-    if repr(RunConfig.from_toml(again)) != repr(config):
-        raise BadOutput("config read back from its own resolved TOML differs")
-    Slo(config.slo_ttft_s, config.slo_tpot_s)
-    load_model(config.model)
-    load_profile(config.hardware)
-    _check_options(config.max_requests, config.rate, config.rate_scale)
-    check_arrival(config.arrival, config.cv)
+    resolved = resolve(RunConfig.from_toml(path)).config
+    check_written_config(resolved, path.with_name("again.toml"))
+
+
+def check_written_config(config: Any, path: Path) -> None:
+    """A config a run records beside its results replays: it reads back equal and resolves."""
+    from kvsim import tomlwrite
+    from kvsim.config import RunConfig
+    from kvsim.errors import KvsimError
+    from kvsim.resolve import resolve
+
+    path.write_text(tomlwrite.dumps(config.as_dict()))
+    try:
+        again = RunConfig.from_toml(path)
+        resolve(again)
+    except KvsimError as exc:
+        raise BadOutput(f"the config a run writes is refused on replay: {exc}") from None
+    if repr(again) != repr(config):
+        raise BadOutput(f"config read back from its own resolved TOML differs: {again!r}")
+
+
+# --- run settings written as text: sweep specs, plan and run options, compression, parameters ----
+
+
+def text_input(path: Path) -> str:
+    """An input file's text as a command line would hand it over (bad bytes escaped)."""
+    return path.read_bytes().decode("utf-8", "surrogateescape")
+
+
+def text_bytes(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def text_of(value: Any) -> str:
+    """Any mutated leaf as the text a user could type."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value) if isinstance(value, float) else str(value)
+    with contextlib.suppress(TypeError, ValueError):
+        return json.dumps(value)
+    return str(value)
+
+
+def scalar_text() -> st.SearchStrategy:
+    """Leaves of text settings: numbers and words as text, and edge values."""
+    return st.one_of(
+        st.sampled_from(EDGE_TEXT),
+        st.sampled_from(EDGE_INTS).map(str),
+        st.sampled_from(EDGE_FLOATS).map(repr),
+        st.integers().map(str),
+        st.floats().map(repr),
+        st.text(max_size=12),
+    )
+
+
+def text_target(name: str, what: str, seeds: Callable[[], list[Any]], keys: list[str],
+                render: Callable[[Any], str], run: Callable[[Path, dict[str, Any]], None],
+                prepare: Callable[[Path], None] = lambda work: None) -> Target:  # fmt: skip
+    """A setting typed as one string: a structured seed mutated, rendered, its bytes damaged."""
+    cache: list[list[Any]] = []
+
+    def make(data: st.DataObject):
+        if not cache:
+            cache.append(seeds())
+        doc = mutate_many(data, data.draw(st.sampled_from(cache[0])), scalar_text(), keys)
+        raw = text_bytes(render(doc))
+        if data.draw(st.integers(0, 3)) == 0:
+            raw = mutate_bytes(data, raw)
+        return raw, "setting.txt", {}
+
+    return Target(name, what, make, run, prepare)
+
+
+#: Files the compression seeds name (moe-nd table= and sensitivity=), written by `prepare`.
+_FILES: dict[str, str] = {}
+
+
+def compression_seeds() -> list[Any]:
+    """Every profile with every key: its default, or a typical value when it has none."""
+    from kvsim.compression import PROFILES
+    from kvsim.compression.base import value_text
+
+    typical = {"int": "8", "count": "64", "bits": "4", "ratio": "0.5", "amount": "0.1",
+               "ratios": "0.5/0.25", "layers": "0.5x4x4*12/1x16x16*12"}  # fmt: skip
+    docs: list[Any] = []
+    for name, cls in PROFILES.items():
+        values = {k: value_text(key.kind, key.default) if key.default is not None
+                  else typical.get(key.kind, "") for k, key in cls.keys.items()}  # fmt: skip
+        if name == "moe-nd":  # one source at a time, each with the keys it takes
+            docs += [{"name": name, "keys": {"budget": "0.5", "n_layers": "24", "group": "64"}},
+                     {"name": name, "keys": {"budget": "0.4",
+                                             "sensitivity": _FILES["sensitivity"]}},
+                     {"name": name, "keys": {"table": _FILES["table"]}},
+                     {"name": name, "keys": {"layers": values["layers"]}}]  # fmt: skip
+        elif name == "auto":
+            docs.append(
+                {
+                    "name": name,
+                    "candidates": [
+                        {"name": "none", "keys": {}},
+                        {"name": "h2o", "keys": {"budget": "0.3"}},
+                        {"name": "quant", "keys": {"k": "2"}},
+                    ],
+                }
+            )
+        else:
+            docs.append({"name": name, "keys": values})
+    return docs
+
+
+def compression_text(doc: Any) -> str:
+    """NAME[:key=value,...], auto's candidates joined by '|'; any mutated tree renders."""
+    if isinstance(doc, list):
+        return ",".join(compression_text(d) for d in doc)
+    if not isinstance(doc, dict):
+        return text_of(doc)
+    name = text_of(doc.get("name", ""))
+    if "candidates" in doc:
+        rest = "|".join(compression_text(c) for c in as_rows(doc["candidates"]))
+    else:
+        keys = doc.get("keys", {})
+        rest = (",".join(f"{text_of(k)}={text_of(v)}" for k, v in keys.items())
+                if isinstance(keys, dict) else text_of(keys))  # fmt: skip
+    return f"{name}:{rest}" if rest else name
+
+
+def prepare_compression(work: Path) -> None:
+    table = work / "layers.csv"
+    table.write_text("layer,keep,kbits,vbits\n0,0.5,4,4\n")  # one entry: every layer
+    sens = work / "sensitivity.csv"
+    rows = [f"{layer},{keep},{bits},{bits},{loss}" for layer in range(24)
+            for keep, bits, loss in (("1.0", 16, 0.0), ("0.5", 4, 0.01 * (layer + 1)))]  # fmt: skip
+    sens.write_text("layer,keep,kbits,vbits,loss\n" + "\n".join(rows) + "\n")
+    _FILES.update(table=str(table), sensitivity=str(sens))
+
+
+COMPRESSION_KEYS = ["name", "keys", "candidates", "sinks", "window", "budget", "recent",
+                    "capacity", "ratio", "k", "v", "group", "residual", "table", "sensitivity",
+                    "n_layers", "layers", "partial", "none", "quant", "h2o", "snapkv", "lkv",
+                    "kvp", "moe-nd", "infinigen", "streaming", "auto"]  # fmt: skip
+
+
+def run_compression(path: Path, opts: dict[str, Any]) -> None:
+    """`--compression TEXT`: the profile parsed, its canonical label read back to the same
+    profile (runs record the label), then resolved for a run on three kinds of model (full
+    attention; sliding and global; MLA)."""
+    from kvsim.compression import parse_compression
+    from kvsim.config import RunConfig
+    from kvsim.engine.config import EngineConfig
+    from kvsim.resolve import resolve
+
+    text = text_input(path)
+    comp = parse_compression(text)
+    if parse_compression(comp.label) != comp:
+        raise BadOutput(f"label {comp.label!r} does not read back as the same profile")
+    for n in (0, 1, 100, 5000):
+        kept = comp.kept_tokens(n)
+        if not (isinstance(kept, int) and 0 <= kept <= n):
+            raise BadOutput(f"{comp.label}: keeps {kept!r} of {n} tokens")
+    for model, tp in (("qwen2.5-0.5b", 1), ("gemma-2-27b", 1), ("deepseek-v3", 8)):
+        engine = EngineConfig(compression=text, tp=tp)
+        config = RunConfig(model=model, hardware="h200-sxm", engine=engine)
+        check_written_config(resolve(config).config, path.with_name("again.toml"))
+
+
+def params_seeds(kind: str) -> list[Any]:
+    """Every built-in plugin of `kind` that takes parameters, with each at its default."""
+    from kvsim.policies import _REGISTRY as policies
+    from kvsim.routers import _REGISTRY as routers
+
+    registry = policies if kind == "policy" else routers
+    docs = []
+    for name, cls in registry.builtins.items():
+        if cls.Params is None:
+            continue
+        values = {f.name: f.default for f in dataclasses.fields(cls.Params)
+                  if f.default is not dataclasses.MISSING}  # fmt: skip
+        docs.append({name: {k: list(v) if isinstance(v, tuple) else v
+                            for k, v in values.items()}})  # fmt: skip
+    plugin = {"policy": "kvsim.policies.lru:LRU"}.get(kind, "kvsim.routers.round_robin:RoundRobin")
+    docs.append({plugin: {"x": 1}})  # a module:Class plugin (takes no parameters)
+    return [docs[i] | docs[(i + 3) % len(docs)] if i % 2 else docs[i] for i in range(len(docs))]
+
+
+def params_text(doc: Any) -> str:
+    """'plugin.key=value,...' with JSON values (text left bare half the time, as typed)."""
+    if not isinstance(doc, dict):
+        return text_of(doc)
+    items = []
+    for plugin, values in doc.items():
+        if not isinstance(values, dict):
+            items.append(f"{text_of(plugin)}={text_of(values)}")
+            continue
+        for key, value in values.items():
+            shown = value if isinstance(value, str) and len(value) % 2 else text_of(value)
+            if isinstance(value, float) and not math.isfinite(value):
+                shown = text_of(value)
+            items.append(f"{text_of(plugin)}.{text_of(key)}={shown}")
+    return ",".join(items)
+
+
+#: `module:Class` plugin names the fuzzer may import: importing an arbitrary module it made up
+#: could run anything (`antigravity` opens a browser), so other names are left out.
+SAFE_MODULES = ("kvsim.policies.lru", "kvsim.policies", "kvsim.routers.round_robin",
+                "kvsim.routers", "json", "kvsim_no_such_module")  # fmt: skip
+
+
+def _safe_name(name: str) -> bool:
+    return ":" not in name or name.partition(":")[0] in SAFE_MODULES
+
+
+def run_policy_params(path: Path, opts: dict[str, Any]) -> None:
+    """`--policy-param`: parsed, each policy built from its parameters, then used on a tier."""
+    from kvsim.policies import make_policy, parse_policy_params
+    from kvsim.policies.base import BlockInfo
+
+    for name, params in parse_policy_params(text_input(path)).items():
+        if not _safe_name(name):
+            continue
+        policy = make_policy(name, params)
+        policy.set_capacity(16)
+        live: set[int] = set()
+        for key in range(24):
+            info = BlockInfo(now_s=key * 0.5, position=key % 5, parent=key - 1, kind="user",
+                             size_bytes=4096, recompute_s=1e-3, next_use=key + 7.0,
+                             request_tokens=64)  # fmt: skip
+            policy.miss(key, info)
+            policy.add(key, info)
+            live.add(key)
+            if key % 3 == 0:
+                policy.access(key, info)
+            if len(live) > 16:
+                victim = policy.victim()
+                if victim not in live:
+                    raise BadOutput(f"policy {name}: victim {victim!r} is not evictable")
+                policy.discard(victim)
+                policy.forget(victim)
+                live.discard(victim)
+
+
+def run_router_params(path: Path, opts: dict[str, Any]) -> None:
+    """`--router-param`: parsed, checked as `resolve` checks them, and each router built."""
+    from kvsim.routers import check_router_params, make_router, parse_router_params
+
+    for name, params in parse_router_params(text_input(path)).items():
+        if not _safe_name(name):
+            continue
+        check_router_params(name, params)
+        make_router(name, params)
+
+
+ROUTER_KEYS = ["dynamo-kv", "llm-d", "session", "sglang-cache-aware", "production-stack",
+               "round-robin", "overlap_score_weight", "ttl_s", "prefix_weight",
+               "pd_threshold_tokens", "virtual_nodes", "max_tree_size", "mode", "beta",
+               "max_trie_blocks", "lru_capacity_blocks", "temperature"]  # fmt: skip
+POLICY_KEYS = ["s3fifo", "2q", "lru-k", "lmcache-cost", "bayes-reuse", "ema-head", "asym-cost",
+               "lru", "k", "small_size_ratio", "ghost_size_ratio", "sample", "seed",
+               "horizon_s", "depth_edges", "age_bins", "gap_edges", "kind_map", "head_groups",
+               "prior", "refresh_every"]  # fmt: skip
+
+
+# --- sweep specs ----------------------------------------------------------------------------------
+
+
+def sweep_seeds() -> list[dict]:
+    """Specs with every section: flat keys, the config file's tables, per-tier sizes."""
+    full = _no_nulls(full_config().as_dict())
+    full["trace"]["max_requests"] = 5
+    del full["engine"]["weight_dtype"]  # a spec gives the run's, model.weight_dtype
+    return [
+        {"base": {"trace": "mooncake-conversation", "max_requests": 20, "model": "qwen2.5-0.5b",
+                  "engine": {"tiers": "hbm,dram"}},
+         "grid": {"policy": ["lru", "s3fifo"], "replicas": [1, 2],
+                  "tier_capacity": {"dram": ["256GiB", "1TiB"]}},
+         "zip": {"rate_scale": [1.0, 2.0], "seed": [0, 1]}},
+        {"base": full, "configs": [{"router": "round-robin"},
+                                   {"router": "dynamo-kv", "pd": "1:1", "replicas": 2,
+                                    "compression": "none"}]},
+        {"base": {"trace.name": "sharegpt", "slo.ttft_s": 1.0, "hardware.profile": "h100-sxm",
+                  "max_requests": 10},
+         "list": [{"compression": "h2o:budget=0.2"}, {"compression": "quant:k=4,v=4"},
+                  {"tier_capacity.dram": "64GiB", "tiers": "hbm,dram"}]},
+        {"base": {"max_requests": 3}},
+    ]  # fmt: skip
+
+
+SWEEP_KEYS = ["base", "grid", "zip", "list", "configs", "tier_capacity", "tier_capacity.dram",
+              "trace.name", "engine.policy", *CONFIG_KEYS]  # fmt: skip
+
+
+def run_sweep(path: Path, opts: dict[str, Any]) -> None:
+    """`kvsim sweep SPEC`: read and expand the spec, checking every configuration; the first
+    few configurations' configs, as each run writes them, must replay."""
+    from kvsim.resolve import resolve
+    from kvsim.sweep.spec import load_spec
+
+    configurations = load_spec(path)
+    if not configurations:
+        raise BadOutput("a spec expanded to no configurations without an error")
+    for configuration in configurations[:3]:
+        resolved = resolve(configuration.config).config  # as the sweep's worker runs it
+        check_written_config(resolved, path.with_name("again.toml"))
+
+
+# --- command lines: kvsim plan and kvsim run, in process ----------------------------------------
+
+
+class Reached(Exception):
+    """The plan's search was reached: every argument was accepted."""
+
+
+def cli_target(name: str, what: str, seeds: Callable[[], list[list[list[str]]]],
+               options: Callable[[], list[str]], tail: Callable[[st.DataObject], list[str]],
+               run: Callable[[Path, dict[str, Any]], None],
+               prepare: Callable[[Path], None]) -> Target:  # fmt: skip
+    """A command line as [option, value] pairs: values changed, options dropped, added (any of
+    the command's, with edge values) and repeated; `tail` bounds the run (always last)."""
+    cache: list[Any] = []
+
+    def make(data: st.DataObject):
+        if not cache:
+            cache.append((seeds(), options()))
+        lines, known = cache[0]
+        pairs = mutate_many(data, data.draw(st.sampled_from(lines)), scalar_text(), known)
+        argv = []
+        for pair in as_rows(pairs):
+            argv += [text_of(p) for p in pair] if isinstance(pair, list) else [text_of(pair)]
+        for _ in range(data.draw(st.integers(0, 2))):
+            argv += [data.draw(st.sampled_from(known)), data.draw(scalar_text())]
+        return text_bytes(json.dumps(argv + tail(data))), "argv.json", {}
+
+    return Target(name, what, make, run, prepare)
+
+
+def run_cli(argv: list[str]) -> None:
+    """`kvsim ARGV` through `kvsim.cli.main`: exit 0, or exit 2 with one `kvsim: error:` line
+    (stderr's last); anything else escapes main and is a crasher."""
+    from kvsim.cli import main
+    from kvsim.errors import KvsimError
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    lines = err.getvalue().rstrip("\n").split("\n")
+    if code == 2:
+        if not lines[-1].startswith("kvsim: error: ") or "Traceback" in err.getvalue():
+            raise BadOutput(f"exit 2 without a one-line error at the end: {err.getvalue()!r:.300}")
+        raise KvsimError(lines[-1])  # refused, in one line: counted as such
+    if code != 0:
+        raise BadOutput(f"exit {code}: {err.getvalue()!r:.300}")
+
+
+def plan_seeds() -> list[list[list[str]]]:
+    common = [["--slo-ttft-p99", "2"], ["--slo-tpot-p99", "0.1"], ["--rates", "1x,2x"]]
+    return [
+        [["--trace", "mooncake-conversation"], *common],
+        [["--trace", "sharegpt"], ["--model", "qwen2.5-0.5b"], ["--hardware", "h200-sxm"],
+         ["--tp", "2"], ["--slo-ttft-p99", "0.5"], ["--slo-tpot-p99", "0.05"],
+         ["--rates", "1x,3/s,0.5x"], ["--routers", "round-robin,llm-d,dynamo-kv"],
+         ["--max-replicas", "8"], ["--min-gain", "0.05"], ["--seed", "3"], ["--json"],
+         ["--out", "plan-out"]],
+        [["--trace", "agentic"], *common, ["--routers", "session"], ["--executor", "serial"],
+         ["-j", "1"], ["--quiet"]],
+    ]  # fmt: skip
+
+
+def _command_options(name: str) -> Callable[[], list[str]]:
+    def options() -> list[str]:
+        from kvsim.cli import cli
+
+        return [opt for p in cli.commands[name].params for opt in p.opts if opt != "--help"]
+
+    return options
+
+
+def plan_tail(data: st.DataObject) -> list[str]:
+    """Always a small --max-requests (the trace is loaded to learn its rate)."""
+    return ["--max-requests", str(data.draw(st.sampled_from([5, 20, 60])))]
+
+
+def prepare_plan(work: Path) -> None:
+    """Work in `work` (relative --out names land there); the plan's search is replaced by the
+    contract check: every run the plan may make, checked up front, must resolve."""
+    import kvsim.plan.cli as plan_cli
+
+    os.chdir(work)
+
+    def search(settings, resolved, executor, jobs, ray_address, quiet):
+        from kvsim.errors import KvsimError
+        from kvsim.plan import Deployment
+        from kvsim.resolve import resolve
+
+        for rate in resolved:
+            for router in settings.routers:
+                for replicas in sorted({1, settings.max_replicas}):
+                    config = settings.config(rate, Deployment(replicas, router))
+                    try:
+                        resolve(config)
+                    except KvsimError as exc:
+                        raise BadOutput(
+                            f"plan checked its settings, then a run it may make is refused: {exc}"
+                        ) from None
+        raise Reached
+
+    plan_cli._search = search
+
+
+def run_plan_cli(path: Path, opts: dict[str, Any]) -> None:
+    with contextlib.suppress(Reached):
+        run_cli(["plan", *json.loads(path.read_text())])
+    shutil.rmtree(path.with_name("plan-out"), ignore_errors=True)
+
+
+def run_seeds() -> list[list[list[str]]]:
+    return [
+        [["--trace", "sharegpt"], ["--model", "qwen2.5-0.5b"]],
+        [["--trace", "agentic"], ["--model", "qwen2.5-0.5b"], ["--replicas", "3"],
+         ["--router", "llm-d"], ["--router-param", "llm-d.prefix_weight=3"],
+         ["--compression", "h2o:budget=0.3"], ["--tiers", "hbm,dram"],
+         ["--tier", "dram=64GiB"], ["--policy", "hbm=lru,dram=s3fifo"],
+         ["--policy-param", "s3fifo.small_size_ratio=0.2"], ["--router-refresh-s", "0.05"]],
+        [["--trace", "mooncake-conversation"], ["--model", "qwen2.5-0.5b"], ["--pd", "1:1"],
+         ["--router", "dynamo-kv"], ["--pd-threshold", "100"], ["--hardware", "h200-sxm"],
+         ["--block-size", "32"], ["--num-gpu-blocks", "3000"], ["--kv-dtype", "fp8"],
+         ["--slo-ttft", "1"], ["--slo-tpot", "0.05"], ["--json"]],
+        [["--trace", "pi-coding-agent"], ["--model", "llama-3.2-1b"], ["--compression", "auto"],
+         ["--auto-latency-budget", "0.02"], ["--auto-memory-fraction", "0.2"],
+         ["--max-num-seqs", "8"], ["--max-batched-tokens", "1024"], ["--no-chunked-prefill"],
+         ["--kv-reservation", "full"], ["--num-scheduler-steps", "2"], ["--rope-reuse"],
+         ["--load-overlap", "layerwise"], ["--timeline-interval", "0.1"], ["--seed", "4"]],
+        [["--config", "busy.toml"], ["--rate", "3"], ["--arrival", "gamma"], ["--cv", "3"],
+         ["--baseline", "fifo"], ["--write-policy", "write-through"],
+         ["--hierarchy", "exclusive"], ["--admission", "second-chance"], ["--no-prefetch"]],
+    ]  # fmt: skip
+
+
+def run_tail(data: st.DataObject) -> list[str]:
+    """Always a small --max-requests, and a fresh results folder."""
+    n = data.draw(st.sampled_from([1, 2, 3, 5]))
+    return ["--max-requests", str(n), "--out", "run-out", "--overwrite"]
+
+
+def prepare_run(work: Path) -> None:
+    """Work in `work` (results and relative names land there); a config for --config."""
+    from kvsim import tomlwrite
+
+    os.chdir(work)
+    busy = config_seeds()[1]
+    busy["trace"]["max_requests"] = 5
+    (work / "busy.toml").write_text(tomlwrite.dumps(busy))
+
+
+def run_run_cli(path: Path, opts: dict[str, Any]) -> None:
+    try:
+        run_cli(["run", *json.loads(path.read_text())])
+    finally:
+        for folder in ("run-out", "run-out-baseline", "runs"):
+            shutil.rmtree(path.with_name(folder), ignore_errors=True)
 
 
 def targets() -> dict[str, Target]:
@@ -966,8 +1459,19 @@ def targets() -> dict[str, Target]:
         jsonl_target("jsonl", "jsonl", kvsim_jsonl_seeds, JSONL_KEYS),
         toml_target("profile", "hardware profile TOML", profile_seeds, PROFILE_KEYS, run_profile),
         toml_target("model", "model TOML (kvsim size)", model_seeds, MODEL_KEYS, run_model),
-        toml_target("config", "run config TOML (kvsim run --config)", config_seeds, CONFIG_KEYS,
-                    run_config),
+        toml_target("config", "run config TOML, every key (kvsim run --config)", config_seeds,
+                    CONFIG_KEYS, run_config),
+        toml_target("sweep", "sweep spec TOML (kvsim sweep)", sweep_seeds, SWEEP_KEYS, run_sweep),
+        cli_target("plan", "kvsim plan options, up to the search", plan_seeds,
+                   _command_options("plan"), plan_tail, run_plan_cli, prepare_plan),
+        text_target("compression", "--compression profile text", compression_seeds,
+                    COMPRESSION_KEYS, compression_text, run_compression, prepare_compression),
+        text_target("router-params", "--router-param text", lambda: params_seeds("router"),
+                    ROUTER_KEYS, params_text, run_router_params),
+        text_target("policy-params", "--policy-param text", lambda: params_seeds("policy"),
+                    POLICY_KEYS, params_text, run_policy_params),
+        cli_target("run", "kvsim run options, end to end (--max-requests <= 5)", run_seeds,
+                   _command_options("run"), run_tail, run_run_cli, prepare_run),
     ]  # fmt: skip
     return {t.name: t for t in found}
 
