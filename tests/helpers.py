@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -67,3 +69,11 @@ def without_front_end(profile: HardwareProfile) -> HardwareProfile:
     the cost model's and the tiers' alone."""
     eff = dataclasses.replace(profile.efficiency, request_overhead_s=0.0)
     return dataclasses.replace(profile, efficiency=eff)
+
+
+def run_python(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` in a process of its own (an example that registers a plugin must not leak
+    it into other tests), its output captured."""
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=120, check=False
+    )

@@ -3,26 +3,19 @@ the registry it relies on lists the new name, refuses it twice and checks its pa
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import run_python
 
 from kvsim.policies import EvictionPolicy, register
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "extend" / "policy.py"
 
 
-def _python(*args: str) -> subprocess.CompletedProcess[str]:
-    # In a process of its own: the example registers a policy, which must not leak into others.
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                          timeout=120, check=False)  # fmt: skip
-
-
 def test_the_worked_example_runs_and_prints_what_it_shows():
-    done = _python(str(EXAMPLE))
+    done = run_python(str(EXAMPLE))
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[:4] == [
@@ -63,7 +56,7 @@ def test_the_registry_lists_refuses_twice_and_checks_parameters():
                            ">= 0, got -1.0"):
             make_policy("depth-lru", {{"seconds_per_block": -1}})
     """)
-    done = _python("-c", code)
+    done = run_python("-c", code)
     assert done.returncode == 0, done.stderr
 
 
