@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("KV cache", ("kvcache",)),
     ("measurements", ("metrics",)),
     ("engine (SimPy)", ("engine",)),
-    ("a run", ("config", "resolve", "run")),
+    ("a run", ("config", "resolve", "estimate", "run")),
     ("many runs, tools", ("sweep", "plan", "compare", "report", "mrc", "calibrate", "workerguard")),
     ("command line", ("cli", "__main__")),
 )
