@@ -77,3 +77,16 @@ def run_python(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, timeout=120, check=False
     )
+
+
+def in_process(capsys, *args: str) -> tuple[int, str, str]:
+    """`kvsim ARGS` through the CLI's entry point, in this process: (exit code, stdout, stderr)."""
+    from kvsim.cli import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from helpers import in_process
 
-from kvsim.cli import main
 from kvsim.engine.config import EngineConfig
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.models import load_model
@@ -44,17 +44,6 @@ def kvsim(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "kvsim", *args], capture_output=True, text=True, timeout=300
     )
-
-
-def in_process(capsys, *args: str) -> tuple[int, str, str]:
-    """`kvsim ARGS` through the CLI's entry point: (exit code, stdout, stderr)."""
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def strict_json(text: str) -> object:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pytest
+from helpers import in_process
 
-from kvsim.cli import main
 from kvsim.compare import compare
 from kvsim.errors import ConfigError
 from kvsim.report import ReportError, write_report
@@ -25,16 +25,6 @@ from kvsim.sweep.spec import flat_config
 BASE = {"trace": "mooncake-conversation", "max_requests": 20}
 #: A replica of 4 blocks holds no request of this trace: nothing completes (kvsim run exits 2).
 STARVED = 4
-
-
-def in_process(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import in_process
 
 from kvsim.atomic import AtomicFolder, WriteError, remove_stale, write_file
-from kvsim.cli import main
 from kvsim.run import RunConfig, is_complete, run, write_outputs
 from kvsim.sweep import expand_spec, run_sweep
 
@@ -39,14 +39,6 @@ SMALL_FILES = 2000
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-def in_process(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def one_line_error(code: int, err: str, *needles: str) -> None:
