@@ -429,8 +429,8 @@ def test_quick_cli_run_of_the_largest_catalog_model_stays_under_a_minute_and_2_g
     child.returncode = os.waitstatus_to_exitcode(status)
     assert child.returncode == 0, text
     assert "] shapes: llama-3.1-405b at tp=1: 2 of 126 layers" in text and "] done" in text
-    # its CPU time (about 40 s when quiet, over 60 s on a busy 2-core CI machine) is a figure for
-    # docs/calibration.md, not an assertion: the project keeps timings out of unit tests
+    # its CPU time (107 s of wall time in one .ci/run on this 2-core machine) is a figure, not an
+    # assertion: the project keeps timings out of unit tests
     assert usage.ru_maxrss * 1024 < 2e9  # Linux reports kilobytes
     profile = load_profile(out)
     assert profile.measured["model"] == "llama-3.1-405b"
