@@ -307,7 +307,7 @@ def test_same_seed_same_choices_and_always_a_candidate() -> None:
         ("llm-d", {"approximate": True, "lru_capacity_blocks": 8}),
         ("production-stack", {"mode": "loadaware"}),
         ("production-stack", {"mode": "kvaware", "kv_threshold_tokens": 100}),
-        ("sglang-cache-aware", {"balance_abs_threshold": 2, "max_tree_size": 5}),
+        ("sglang-cache-aware", {"balance_abs_threshold": 2, "max_tree_size": 80}),
     ]
     for name, params in configs:
         runs = []
@@ -544,56 +544,111 @@ def test_llm_d_approximate_lru() -> None:
     assert r.prefix_score(req(hashes=[1000, 1001, 9, 9, 9]), idle(1), 0) == 0.5
 
 
-def test_sglang_balance_switch() -> None:
-    r = make_router("sglang-cache-aware")
+def test_sglang_defaults_are_what_smg_launch_ships() -> None:
+    """smg-project/smg@f8daa88 bindings/python/src/smg/router_args.py (RouterArgs)."""
+    p = SglangCacheAware.Params()
+    assert (p.cache_threshold, p.balance_abs_threshold, p.balance_rel_threshold) == (0.3, 64, 1.5)
+    assert (p.eviction_interval_s, p.max_tree_size) == (60.0, 2**26)
+    assert (p.balance_token_usage_threshold, p.overload_token_usage_threshold) == (1.0, 1.0)
+
+
+def test_sglang_hit_goes_to_the_least_loaded_holder() -> None:
+    r = make_router("sglang-cache-aware", None, random.Random(0))
     assert isinstance(r, SglangCacheAware)
-    r.tree(0).insert(req().hashes, 0.0)  # r0 holds the whole request
-    # loads 40 vs 5: 40 - 5 = 35 > 32 and 40 > 1.1 * 5 -> imbalanced -> least loaded r1
-    view = View([load(0, 30, 10), load(1, 3, 2)])
-    assert r.choose(req(), view, [0, 1]) == 1
-    assert r.tree(1).match(req().hashes) == 10  # inserted even when balancing
+    r.tree(0).insert(req().hashes, 0.0)
+    r.tree(1).insert(req().hashes, 0.0)
+    # 10 of 10 blocks: 160/160 = 1 > 0.3 on r0 and r1; active 5 and 3 -> r1. Gate: mean
+    # (5 + 3 + 0)/3 = 2.67, 3 > 1.5 * 2.67 = 4 fails -> r1 stays. (The old rule, longest match
+    # at the lowest index, sent it to r0.)
+    view = View([load(0, 2, 3), load(1, 0, 3), load(2)])
+    assert r.choose(req(), view, [0, 1, 2]) == 1
+    assert r.routed == {1: 1}
+    # Equal holders at equal load: uniform among them.
+    r = make_router("sglang-cache-aware", None, random.Random(1))
+    r.tree(0).insert(req().hashes, 0.0)
+    r.tree(1).insert(req().hashes, 0.0)
+    counts = Counter(
+        r.choose(req(), View([load(0), load(1), load(2, 1)]), [0, 1, 2]) for _ in range(400)
+    )
+    assert set(counts) == {0, 1} and 150 < counts[0] < 250
+
+
+def test_sglang_per_request_gate_against_the_mean() -> None:
+    # Only r0 holds the prompt. Active 100, 0, 0: mean 33.3; 100 > 1.5 * 33.3 = 50 and
+    # 100 > 33.3 + 64 = 97.3 -> spill to the least loaded, r1 (r1, r2 tie at 0 load and 0 routed:
+    # lowest index), and r1's tree learns the prompt.
     r = make_router("sglang-cache-aware")
     r.tree(0).insert(req().hashes, 0.0)
-    r.tree(1).insert(req(first_hash=5).hashes, 0.0)
-    # 40 vs 10: gap 30 <= 32 -> cache: match 10/10 = 1 > 0.5 on r0 -> r0
-    view = View([load(0, 30, 10), load(1, 5, 5)])
-    assert r.choose(req(), view, [0, 1]) == 0
-    # 400 vs 366: gap 34 > 32 but 400 <= 1.1 * 366 = 402.6 -> still cache -> r0
-    view = View([load(0, 300, 100), load(1, 300, 66)])
-    assert r.choose(req(), view, [0, 1]) == 0
-    # balance_abs_threshold = 16 turns 40 vs 10 (gap 30 > 16, 40 > 11) into balancing -> r1
-    r = make_router("sglang-cache-aware", {"balance_abs_threshold": 16})
+    assert r.choose(req(), View([load(0, 40, 60), load(1), load(2)]), [0, 1, 2]) == 1
+    assert r.tree(1).match(req().hashes) == 10
+    # Active 90, 0, 0: mean 30; 90 > 45 but 90 <= 30 + 64 = 94 -> r0 keeps it. (The old
+    # fleet-wide test, 90 - 0 > 32 and 90 > 1.1 * 0, sent it to the least loaded.)
+    r = make_router("sglang-cache-aware")
     r.tree(0).insert(req().hashes, 0.0)
-    assert r.choose(req(), View([load(0, 30, 10), load(1, 5, 5)]), [0, 1]) == 1
+    assert r.choose(req(), View([load(0, 30, 60), load(1), load(2)]), [0, 1, 2]) == 0
+    # balance_abs_threshold = 50: 90 > 30 + 50 = 80 -> spills to r1.
+    r = make_router("sglang-cache-aware", {"balance_abs_threshold": 50})
+    r.tree(0).insert(req().hashes, 0.0)
+    assert r.choose(req(), View([load(0, 30, 60), load(1), load(2)]), [0, 1, 2]) == 1
 
 
-def test_sglang_match_threshold_and_smallest_tree() -> None:
+def test_sglang_miss_goes_to_the_least_loaded_not_the_smallest_tree() -> None:
     hashes = req().hashes
-    # r0: first 5 of 10 blocks + 100 others (105); r1: 20 unrelated; r2: empty.
+    # r0: first 3 of the 10 blocks + 100 others; r1: 20 unrelated; r2: empty.
     r = make_router("sglang-cache-aware")
-    r.tree(0).insert(hashes[:5], 0.0)
+    r.tree(0).insert(hashes[:3], 0.0)
     r.tree(0).insert(list(range(1, 101)), 0.0)
     r.tree(1).insert(list(range(500, 520)), 0.0)
-    # match 5/10 = 0.5, not > 0.5 -> smallest tree: r2 (0 blocks)
-    assert r.choose(req(), idle(3), [0, 1, 2]) == 2
-    assert len(r.tree(2)) == 10
-    # Now r0 holds 6 of the next request's 10: 0.6 > 0.5 -> longest match r0
-    r.tree(0).insert([*hashes[:5], 77], 0.0)
-    assert r.choose(req(hashes=[*hashes[:5], 77, 1, 2, 3, 4]), idle(3), [0, 1]) == 0
+    # 3 blocks = 48 of 160 tokens = 0.3, not > 0.3 -> least loaded: active 1, 0, 4 -> r1
+    # (the old rule sent it to the smallest tree, r2).
+    busy = View([load(0, 1), load(1), load(2, 4)])
+    assert r.choose(req(), busy, [0, 1, 2]) == 1
+    # 4 blocks = 64/160 = 0.4 > 0.3 -> by cache, r0 (under the old 0.5 it was a miss).
+    r.tree(0).insert(hashes[:4], 0.0)
+    assert r.choose(req(hashes=[*hashes[:4], 1, 2, 3, 4, 5, 6]), busy, [0, 1, 2]) == 0
+    # The rate counts every prompt token: 4 blocks of a 250-token prompt = 64/250 = 0.256.
+    assert r.choose(req(250, hashes=[*hashes[:4], 700, 800, 900]), busy, [0, 1, 2]) == 1
+    # Misses at equal load go to the replica routed to least (SMG's tie key), so they alternate.
+    r = make_router("sglang-cache-aware")
+    picks = [r.choose(req(first_hash=100 * i), idle(2), [0, 1]) for i in range(1, 5)]
+    assert picks == [0, 1, 0, 1]
 
 
-def test_sglang_trims_trees_every_interval() -> None:
-    r = make_router("sglang-cache-aware", {"max_tree_size": 4})
-    a, b = req(first_hash=100), req(48, first_hash=200)
-    r.choose(a, View([load(0)], now_s=0.0), [0])
-    r.choose(b, View([load(0)], now_s=29.9), [0])
-    assert len(r.tree(0)) == 13  # no trim before 30 s
-    # At 30 s: LRU order a9..a0 (deepest first), b2, b1, b0 -> 9 go, a0 b2 b1 b0 stay.
-    r.choose(b, View([load(0)], now_s=30.0), [0])
-    assert len(r.tree(0)) == 4
-    assert r.tree(0).match(a.hashes) == 1 and r.tree(0).match(b.hashes) == 3
-    r.choose(a, View([load(0)], now_s=59.0), [0])  # next trim due at 60
-    assert len(r.tree(0)) == 13
+def test_sglang_trims_the_whole_tree_in_tokens() -> None:
+    # max_tree_size 64 tokens = 4 blocks of 16, for all replicas together.
+    r = make_router("sglang-cache-aware", {"max_tree_size": 64})
+    a, b, c = req(first_hash=100), req(48, first_hash=200), req(16, first_hash=300)
+    r.choose(a, View([load(0), load(1)], now_s=0.0), [0])
+    r.choose(b, View([load(0), load(1)], now_s=10.0), [1])
+    r.choose(c, View([load(0), load(1)], now_s=59.9), [1])
+    assert (len(r.tree(0)), len(r.tree(1))) == (10, 4)  # no trim before 60 s
+    # At 60 s: 14 blocks, keep 4. Oldest first: a9..a0 (t=0, deepest first), then b's (t=10):
+    # 10 go, a's all; b0..b2 and c0 stay; then the request routed now is added.
+    r.choose(a, View([load(0), load(1)], now_s=60.0), [1])
+    assert len(r.tree(0)) == 0
+    assert r.tree(1).match(b.hashes) == 3 and r.tree(1).match(c.hashes) == 1
+    assert len(r.tree(1)) == 14  # b, c and now a
+    # Trimmed again to 4: b (t=10), c (t=59.9), then a's 6 deepest blocks (t=60) go; a0..a3 stay.
+    assert r.trim(64, BS) == 10
+    assert r.tree(1).match(a.hashes) == 4 and r.tree(1).match(b.hashes) == 0
+
+
+def test_sglang_kv_pressure_triggers() -> None:
+    r = make_router("sglang-cache-aware")
+    r.tree(0).insert(req().hashes, 0.0)
+    hot = View([load(0, 0, 1, kv_usage=0.95), load(1, 0, 2, kv_usage=0.1)])
+    assert r.choose(req(), hot, [0, 1]) == 0  # both triggers off at 1.0: the holder
+    # Overload ceiling 0.9: 0.95 > 0.9 -> least loaded, r0 (active 1 < 2).
+    r = make_router("sglang-cache-aware", {"overload_token_usage_threshold": 0.9})
+    r.tree(1).insert(req().hashes, 0.0)
+    assert r.choose(req(), hot, [0, 1]) == 0
+    # Spread 0.5: 0.95 - 0.1 = 0.85 > 0.5 -> least loaded, r0, though r1 holds the prompt.
+    r = make_router("sglang-cache-aware", {"balance_token_usage_threshold": 0.5})
+    r.tree(1).insert(req().hashes, 0.0)
+    assert r.choose(req(), hot, [0, 1]) == 0
+    r = make_router("sglang-cache-aware")
+    r.tree(1).insert(req().hashes, 0.0)
+    assert r.choose(req(), hot, [0, 1]) == 1  # off: the holder
 
 
 def test_production_stack_prefixaware() -> None:
@@ -700,9 +755,6 @@ def test_default_router_params_match_the_engines() -> None:
         temperature=0.0,
         approximate=False,
     )
-    p = SglangCacheAware.Params()
-    assert (p.balance_abs_threshold, p.balance_rel_threshold, p.cache_threshold) == (32, 1.1, 0.5)
-    assert (p.eviction_interval_s, p.max_tree_size) == (30.0, 10000)
     q = ProductionStack.Params()
     assert (q.mode, q.beta, q.kv_threshold_tokens) == ("prefixaware", 1.0, 2000)
     s = LlmD.Params()

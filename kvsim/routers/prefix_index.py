@@ -58,6 +58,15 @@ class BlockIndex:
             at.popitem(last=False)
         return max(0, over)
 
+    def oldest_s(self) -> float | None:
+        """When the least recently routed block was routed; None when empty."""
+        at = self._at
+        return at[next(iter(at))] if at else None
+
+    def pop_oldest(self) -> None:
+        """Drop the least recently routed block (for a trim whose budget spans several indexes)."""
+        self._at.popitem(last=False)
+
     def expire(self, before_s: float) -> int:
         """Drop blocks last routed before `before_s` (a TTL); how many went."""
         at = self._at
