@@ -3,6 +3,7 @@ the comments), plus the registry, parameters, plugins and seeded determinism."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import textwrap
 from collections import Counter
@@ -358,21 +359,39 @@ def test_least_loaded() -> None:
     assert r.choose(req(), view, [2, 1]) == 1  # lowest index, not first listed
 
 
-def test_power_of_two() -> None:
+def test_power_of_two_expected_wait() -> None:
     r = make_router("power-of-two", None, random.Random(5))
-    # Two candidates: both are always drawn, so the less loaded (r1: 2 < 5) always wins.
-    view = View([load(0, 2, 3), load(1, 1, 1), load(2, 0, 9), load(3, 0, 0)])
+    p = r.params
+    assert (p.kv_pressure_weight, p.default_throughput) == (0.15, 2000.0)  # SMG least_load.rs
+    # score = prefill_tokens / 2000 + 0.15 * k / (1 - k):
+    # r0 4000 tokens, k 0 -> 2.0 s; r1 1000, k 0.5 -> 0.5 + 0.15 = 0.65 s;
+    # r2 0, k 0.9 -> 0.15 * 9 = 1.35 s; r3 2000, k 0 -> 1.0 s.
+    # Active requests 0, 5, 1, 2 would have picked r0 first (the old count rule).
+    view = View(
+        [
+            load(0, prefill_tokens=4000),
+            load(1, 3, 2, prefill_tokens=1000, kv_usage=0.5),
+            load(2, 1, prefill_tokens=0, kv_usage=0.9),
+            load(3, 0, 2, prefill_tokens=2000),
+        ]
+    )
+    assert [r.score(x) for x in view.loads] == pytest.approx([2.0, 0.65, 1.35, 1.0])
+    # Two candidates: both are always drawn, so the lower score (r1) always wins.
     assert {r.choose(req(), view, [0, 1]) for _ in range(50)} == {1}
     assert r.choose(req(), view, [2]) == 2
-    # Four candidates with active 5, 2, 9, 0: the idlest (r3) wins whenever drawn, which is
-    # 3 of the 6 pairs = 1/2; the busiest (r2) never wins; r1 wins {r1,r0},{r1,r2} = 1/3,
-    # r0 wins {r0,r2} = 1/6.
+    # Four: r1 wins whenever drawn (3 of 6 pairs = 1/2), r3 wins {r3,r2}, {r3,r0} = 1/3,
+    # r2 wins {r2,r0} = 1/6, r0 never.
     counts = Counter(r.choose(req(), view, [0, 1, 2, 3]) for _ in range(3000))
-    assert counts[2] == 0
-    assert abs(counts[3] / 3000 - 1 / 2) < 0.04
-    assert abs(counts[1] / 3000 - 1 / 3) < 0.04
-    assert abs(counts[0] / 3000 - 1 / 6) < 0.04
-    # Equal loads: the first drawn wins, so both replicas get traffic.
+    assert counts[0] == 0
+    assert abs(counts[1] / 3000 - 1 / 2) < 0.04
+    assert abs(counts[3] / 3000 - 1 / 3) < 0.04
+    assert abs(counts[2] / 3000 - 1 / 6) < 0.04
+    # A full cache is clipped at k = 0.999: 0.15 * 999 = 149.85 s, worse than 100,000 queued
+    # tokens (50 s).
+    full = View([load(0, kv_usage=1.0), load(1, prefill_tokens=100_000)])
+    assert r.score(full.loads[0]) == pytest.approx(149.85)
+    assert {r.choose(req(), full, [0, 1]) for _ in range(20)} == {1}
+    # Equal scores: a fair coin, so both replicas get traffic.
     assert {r.choose(req(), idle(2), [0, 1]) for _ in range(50)} == {0, 1}
 
 
@@ -542,6 +561,26 @@ def test_llm_d_approximate_lru() -> None:
     r.choose(req(), idle(1), [0])
     assert r.prefix_score(req(), idle(1), 0) == 1.0
     assert r.prefix_score(req(hashes=[1000, 1001, 9, 9, 9]), idle(1), 0) == 0.5
+
+
+def test_llm_d_approximate_lru_auto_tunes_to_the_replica_hbm() -> None:
+    """llm-d's approximate prefix plugin defaults to autoTune: each server's LRU holds as many
+    blocks as its KV cache (31,250 only when auto-tuning is off)."""
+    assert LlmD.Params().lru_capacity_blocks == 0
+    small = dataclasses.replace(load(0), capacity_blocks=12)
+    view = View([small])
+    a, b = req(first_hash=100), req(48, first_hash=200)
+    r = make_router("llm-d", {"approximate": True})
+    r.choose(a, view, [0])
+    r.choose(b, view, [0])
+    # 10 + 3 = 13 blocks > 12: the least recent, a's deepest block a9, goes: a scores 9/10.
+    assert r.prefix_score(a, view, 0) == pytest.approx(0.9)
+    assert r.prefix_score(b, view, 0) == 1.0
+    # With the plugin's fixed fallback (31,250) nothing goes.
+    r = make_router("llm-d", {"approximate": True, "lru_capacity_blocks": 31250})
+    r.choose(a, view, [0])
+    r.choose(b, view, [0])
+    assert r.prefix_score(a, view, 0) == 1.0
 
 
 def test_sglang_defaults_are_what_smg_launch_ships() -> None:

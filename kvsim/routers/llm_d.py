@@ -17,9 +17,22 @@ The precise-prefix configuration's scorers and weights are the defaults:
 - load-aware (weight 0, off in this config): 0.5 at an empty queue falling linearly to 0 at 128.
 
 `approximate=True` swaps the precise scorer for the approximate prefix scorer: matched blocks /
-total blocks from a per-replica LRU of the blocks of requests it routed there (at most
-`lru_capacity_blocks` = 31250 per replica and the first `max_prefix_blocks` = 256 blocks of a
-request, the prefix plugin's defaults), ignoring `view.match`.
+total blocks from a per-replica LRU of the blocks of requests it routed there (the first
+`max_prefix_blocks` = 256 blocks of a request), ignoring `view.match`. The LRU holds
+`lru_capacity_blocks` per replica; its default 0 is the plugin's `autoTune: true`, under which
+llm-d sizes each server's LRU to the HBM blocks the server reports, so kvsim uses the replica's
+`capacity_blocks` (31,250, the plugin's fallback, only when auto-tuning is off).
+
+Sources, llm-d/llm-d-inference-scheduler at commit 520af47896e5 (2026-05-17): weights in
+`deploy/config/epp-precise-prefix-cache-config.yaml` (prefix 2, kv-cache-utilization 1, queue 1)
+and `deploy/config/pd-epp-config.yaml` (nonCachedTokens 16; prefill profile prefix 2, queue 1);
+approximate-prefix defaults in `pkg/epp/framework/plugins/requestcontrol/dataproducer/
+approximateprefix/types.go` (defaultConfig: autoTune true, 16-token blocks, 256 blocks,
+31,250 per server); load-aware threshold 128 in `.../scheduling/scorer/loadaware/load_aware.go`;
+tier weights gpu 1.0, cpu 0.8 in llm-d/llm-d-kv-cache v0.8.0 (the version its go.mod pins),
+`pkg/kvcache/backend.go`. Under P/D, pd-epp-config's decode profile scores prefix 2 + queue 1
+without kv-utilization; kvsim's `choose` keeps kv-utilization 1 (set
+`kv_utilization_weight=0` to match it).
 
 P/D is decode-first: the cluster calls `choose` for the decode replica, disaggregates when the
 request's tokens not cached there are at least `pd_threshold_tokens` = 16, and then calls
@@ -39,35 +52,36 @@ from kvsim.routers.prefix_index import BlockIndex
 
 @dataclass(frozen=True)
 class LlmDParams:
-    prefix_weight: float = 2.0
+    # Defaults: llm-d/llm-d-inference-scheduler@520af47896e5, files named in the docstring.
+    prefix_weight: float = 2.0  # epp-precise-prefix-cache-config.yaml: weight 2.0
     """Weight of the prefix scorer when choosing a (decode or aggregated) replica."""
-    queue_weight: float = 1.0
+    queue_weight: float = 1.0  # epp-precise-prefix-cache-config.yaml: weight 1.0
     """Weight of the queue scorer."""
-    kv_utilization_weight: float = 1.0
+    kv_utilization_weight: float = 1.0  # epp-precise-prefix-cache-config.yaml: weight 1.0
     """Weight of the kv-utilization scorer (1 − HBM usage)."""
-    load_aware_weight: float = 0.0
+    load_aware_weight: float = 0.0  # not in epp-precise-prefix-cache-config.yaml
     """Weight of the load-aware scorer (off in the precise-prefix config)."""
-    load_aware_queue_threshold: int = 128
+    load_aware_queue_threshold: int = 128  # load_aware.go: QueueThresholdDefault = 128
     """Queue length at which the load-aware score reaches 0."""
-    prefill_prefix_weight: float = 2.0
+    prefill_prefix_weight: float = 2.0  # pd-epp-config.yaml, prefill profile: weight 2
     """P/D: weight of the prefix scorer when choosing the prefill replica."""
-    prefill_queue_weight: float = 1.0
+    prefill_queue_weight: float = 1.0  # pd-epp-config.yaml, prefill profile: weight 1
     """P/D: weight of the queue scorer when choosing the prefill replica."""
-    gpu_tier_weight: float = 1.0
+    gpu_tier_weight: float = 1.0  # llm-d-kv-cache@v0.8.0 pkg/kvcache/backend.go: gpu 1.0
     """Prefix credit of a block in HBM."""
-    cpu_tier_weight: float = 0.8
+    cpu_tier_weight: float = 0.8  # llm-d-kv-cache@v0.8.0 pkg/kvcache/backend.go: cpu 0.8
     """Prefix credit of a block in node memory."""
-    disk_tier_weight: float = 0.0
+    disk_tier_weight: float = 0.0  # backend.go@v0.8.0 has no storage tier
     """Prefix credit of a block on node storage (llm-d does not index it)."""
-    shared_tier_weight: float = 0.0
+    shared_tier_weight: float = 0.0  # backend.go@v0.8.0 has no shared tier
     """Prefix credit of a block in the shared pool (llm-d does not index it)."""
     approximate: bool = False
     """Use the approximate prefix scorer (own routing decisions) instead of KV events."""
-    lru_capacity_blocks: int = 31250
-    """Approximate scorer: blocks remembered per replica (LRU)."""
-    max_prefix_blocks: int = 256
+    lru_capacity_blocks: int = 0  # types.go defaultConfig AutoTune: true (plugin.go makeserver)
+    """Approximate scorer: blocks remembered per replica (LRU); 0 = the replica's HBM blocks."""
+    max_prefix_blocks: int = 256  # approximateprefix/types.go: defaultMaxPrefixBlocks = 256
     """Approximate scorer: leading blocks of a request it hashes and matches."""
-    pd_threshold_tokens: int = 16
+    pd_threshold_tokens: int = 16  # pd-epp-config.yaml: nonCachedTokens 16
     """P/D: disaggregate when at least this many prompt tokens are not cached on the decode
     replica."""
 
@@ -88,7 +102,7 @@ class LlmDParams:
         check_param(
             self.load_aware_queue_threshold >= 1, "load_aware_queue_threshold", "must be >= 1"
         )
-        check_param(self.lru_capacity_blocks >= 1, "lru_capacity_blocks", "must be >= 1")
+        check_param(self.lru_capacity_blocks >= 0, "lru_capacity_blocks", "must be >= 0")
         check_param(self.max_prefix_blocks >= 1, "max_prefix_blocks", "must be >= 1")
         check_param(self.pd_threshold_tokens >= 0, "pd_threshold_tokens", "must be >= 0")
 
@@ -190,5 +204,5 @@ class LlmD(Router):
             if index is None:
                 index = self._seen[w] = BlockIndex()
             index.insert(request.hashes, view.now_s, p.max_prefix_blocks)
-            index.trim(p.lru_capacity_blocks)
+            index.trim(p.lru_capacity_blocks or view.loads[w].capacity_blocks)
         return w
