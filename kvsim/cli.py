@@ -91,6 +91,7 @@ def _format_summary(summary: dict[str, object], out: Path) -> str:
             f"{s['model']} ({s.get('weight_dtype', 'bf16')} weights) on {s['hardware']}, "
             f"policy {s['policy']}",
         ),
+        ("engine", _format_engine(s)),
         ("TTFT p50 / p90 / p99", f"{ms('ttft_p50_s')} / {ms('ttft_p90_s')} / {ms('ttft_p99_s')}"),
         ("TPOT p50 / p99", f"{ms('tpot_p50_s')} / {ms('tpot_p99_s')}"),
         ("E2E p50 / p99", f"{sec('e2e_p50_s')} / {sec('e2e_p99_s')}"),
@@ -170,6 +171,21 @@ def _format_summary(summary: dict[str, object], out: Path) -> str:
     if "per_replica" in s:
         text += "\n\n" + _format_replicas(s["per_replica"])  # type: ignore[arg-type]
     return text
+
+
+def _format_engine(s: dict[str, object]) -> str:
+    """The engine profile and where one decode step's time goes (batch 1, 1k context)."""
+    text = f"{s.get('engine', '')} (kernel terms: {s.get('kernel_terms', '')})"
+    breakdown = s.get("iteration_breakdown_ms") or {}
+    if not isinstance(breakdown, dict) or not breakdown:
+        return text
+    label, parts = next(iter(breakdown.items()))
+    shown = ", ".join(
+        f"{name.split(' (')[0]} {ms:.1f}"
+        for name, ms in parts.items()
+        if name != "iteration" and ms >= 0.05
+    )
+    return f"{text}\n{'':22}{label}: {parts['iteration']:.1f} ms = {shown}"
 
 
 def _format_replicas(per_replica: list[dict[str, object]]) -> str:
@@ -289,8 +305,18 @@ def _default_out() -> Path:
     help="auto: share of a replica's KV memory one request may hold. [default: 0.05]",
 )
 @click.option("--block-size", type=int, help="Tokens per KV block. [default: 16]")
-@click.option("--max-num-seqs", type=int, help="Sequences per iteration. [default: 256]")
-@click.option("--max-batched-tokens", type=int, help="Token budget per iteration. [default: 8192]")
+@click.option(
+    "--engine",
+    metavar="NAME[@VERSION]",
+    help="Serving engine profile: vllm, sglang, trtllm (current versions), an older one such as "
+    "vllm@0.6, or a .toml file (`kvsim engine list`). [default: vllm]",
+)
+@click.option("--max-num-seqs", type=int, help="Sequences per iteration. [default: the engine's]")
+@click.option(
+    "--max-batched-tokens",
+    type=int,
+    help="Token budget per iteration. [default: the engine's]",
+)
 @click.option("--num-gpu-blocks", type=int, help="Override the KV blocks derived from HBM.")
 @click.option("--no-prefix-caching", is_flag=True, default=None, help="Disable prefix reuse.")
 @click.option("--max-requests", type=int, help="Replay only the first N requests.")
@@ -323,19 +349,19 @@ def _default_out() -> Path:
     "--chunked-prefill/--no-chunked-prefill",
     default=None,
     help="Split prompts across iterations (vLLM V1); off: a prompt waits until it fits whole "
-    "(TensorRT-LLM's default). [default: on]",
+    "(TensorRT-LLM's default). [default: the engine's]",
 )
 @click.option(
     "--num-scheduler-steps",
     type=int,
     help="Decode steps per scheduler call (vLLM v0 multi-step); arrivals wait for the round. "
-    "[default: 1]",
+    "[default: the engine's]",
 )
 @click.option(
     "--kv-reservation",
     type=click.Choice(["prompt", "full"]),
     help="KV a request needs free to start: prompt (vLLM, SGLang; preempt on growth) or full "
-    "(prompt + output: TensorRT-LLM's GUARANTEED_NO_EVICT). [default: prompt]",
+    "(prompt + output: TensorRT-LLM's GUARANTEED_NO_EVICT). [default: the engine's]",
 )
 @click.option("--prefetch/--no-prefetch", default=None, help="Prefetch during think time.")
 @click.option(
@@ -785,12 +811,64 @@ def profile_list() -> None:
 
 @profile.command("show")
 @click.argument("name")
-def profile_show(name: str) -> None:
-    """Every number of a profile, its tiers and the source of each figure."""
+@click.option("--model", help="Also price one iteration of this model at a few batch shapes.")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel GPUs.")
+@click.option("--engine", default=None, help="Serving engine profile. [default: vllm]")
+@click.option("--kv-dtype", default="bf16", show_default=True)
+@click.option("--weight-dtype", default=None, help="[default: the model's native dtype]")
+def profile_show(
+    name: str,
+    model: str | None,
+    tp: int,
+    engine: str | None,
+    kv_dtype: str,
+    weight_dtype: str | None,
+) -> None:
+    """Every number of a profile, its tiers and the source of each figure; with --model, where
+    one iteration's time goes (weights, KV reads, attention, all-reduce, fixed costs, CPU)."""
     from kvsim.hardware import load_profile
     from kvsim.hardware.show import format_profile
 
-    click.echo(format_profile(load_profile(name)))
+    hardware = load_profile(name)
+    if model is None:
+        if engine is not None or tp != 1:
+            raise KvsimError("--engine and --tp price an iteration: give --model too")
+        click.echo(format_profile(hardware))
+        return
+    click.echo(_format_iteration(hardware, model, tp, engine, kv_dtype, weight_dtype))
+
+
+def _format_iteration(
+    hardware: Any, model_name: str, tp: int, engine_name: str | None, kv: str, weight: str | None
+) -> str:
+    """`kvsim profile show --model`: one iteration's parts at a few batch shapes."""
+    from kvsim.costmodel import make_cost_model
+    from kvsim.costmodel.breakdown import format_breakdowns
+    from kvsim.engine.config import EngineConfig
+    from kvsim.engine.resolve import engine_profile
+    from kvsim.models import load_model
+
+    _positive("tp", tp)
+    spec = load_model(model_name)
+    engine = engine_profile(EngineConfig(engine=engine_name or EngineConfig.engine))
+    cost = make_cost_model(
+        spec,
+        hardware,
+        tp=tp,
+        kv_dtype=kv,
+        weight_dtype=weight or spec.weight_dtype,
+        engine=engine,
+    )
+    clock = cost.roofline.clock if hasattr(cost, "roofline") else cost.clock
+    cpu = "overlapped with the GPU" if clock.overlap else "added to the GPU time"
+    header = (
+        f"{spec.name} on {hardware.name}, TP {tp}, engine {engine.full_name}\n"
+        f"cost model: {cost.kind} ({cost.reason}); kernel terms: {cost.kernel_terms}\n"
+        f"engine CPU per iteration {clock.overhead_s * 1e3:g} ms, {cpu}; CUDA graphs up to "
+        f"{engine.cuda_graph_max_tokens} tokens; front end {cost.request_overhead_s * 1e3:g} ms "
+        f"per request"
+    )
+    return format_breakdowns(cost, header)
 
 
 @profile.command("validate")
@@ -801,6 +879,49 @@ def profile_validate(path: str) -> None:
 
     prof = validate_profile(path)
     click.echo(f"{path}: ok ({prof.name}, {len(prof.tiers)} tiers)")
+
+
+@cli.group()
+def engine() -> None:
+    """Serving-engine profiles: list, show."""
+
+
+@engine.command("list")
+def engine_list() -> None:
+    """Every shipped engine profile: name@version, whether it is the current one, summary."""
+    from kvsim.engines import engine_names, load_engine
+
+    for name in engine_names():
+        if "@" not in name:
+            continue
+        p = load_engine(name)
+        mark = " (current)" if p.current else ""
+        click.echo(f"{name:<12}{mark:<11}{p.description}")
+
+
+@engine.command("show")
+@click.argument("name")
+def engine_show(name: str) -> None:
+    """Every setting of an engine profile and the source of each."""
+    from kvsim.engines import load_engine
+
+    p = load_engine(name)
+    click.echo(f"{p.full_name}: {p.description}")
+    click.echo(f"file: {p.source_path}")
+    settings = {
+        "kernels": p.kernels or "(the hardware profile's [efficiency])",
+        "cuda_graph_max_tokens": p.cuda_graph_max_tokens,
+        "eager_launch_s": p.eager_launch_s,
+        "iteration_overhead_s": p.iteration_overhead_s,
+        "overlap_scheduling": p.overlap_scheduling,
+        "request_overhead_s": p.request_overhead_s,
+        "allreduce": ", ".join(p.allreduce) or "(any the hardware profile lists)",
+        **{f"defaults.{k}": v for k, v in p.defaults.items()},
+    }
+    for key, value in settings.items():
+        click.echo(f"  {key} = {value}")
+        if key in p.sources:
+            click.echo(f"      {p.sources[key]}")
 
 
 def _register_subcommands() -> None:

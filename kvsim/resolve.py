@@ -20,6 +20,7 @@ from pathlib import Path
 from kvsim.config import RunConfig
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.resolve import ResolvedEngine, resolve_engine
+from kvsim.engines.registry import PROFILES_DIR
 from kvsim.errors import ConfigError, UnknownNameError
 from kvsim.hardware import load_profile
 from kvsim.hardware.profile import HardwareProfile
@@ -59,7 +60,13 @@ def resolve(config: RunConfig) -> ResolvedRun:
     weight_dtype_bytes(weight_dtype)  # an unknown dtype fails here, listing the valid ones
     engine_config = dataclasses.replace(config.engine, weight_dtype=weight_dtype)
     engine = resolve_engine(engine_config, model, profile)
-    engine_config = dataclasses.replace(engine_config, compression=engine.compression.label)
+    # as the run used it: the engine's defaults filled in, the engine and compression by full name
+    named = engine.engine.source_path is None or engine.engine.source_path.parent == PROFILES_DIR
+    engine_config = dataclasses.replace(
+        engine.config,
+        compression=engine.compression.label,
+        engine=engine.engine.full_name if named else engine.config.engine,
+    )
     engine = dataclasses.replace(engine, config=engine_config)
     max_requests = config.max_requests
     if max_requests is None:

@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "foundation",
         ("errors", "units", "textio", "tomlwrite", "atomic", "plugins", "plugin_params"),
     ),
-    ("inputs", ("models", "hardware", "traces", "compression", "capacity")),
+    ("inputs", ("models", "hardware", "engines", "traces", "compression", "capacity")),
     ("pluggable choices", ("costmodel", "policies", "routers")),
     ("KV cache", ("kvcache",)),
     ("measurements", ("metrics",)),

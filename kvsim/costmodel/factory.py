@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kvsim.costmodel.measured import MeasuredCostModel, mismatch
 from kvsim.costmodel.roofline import RooflineCostModel
+from kvsim.engines import EngineProfile
 from kvsim.hardware.measured_tables import parse_measured, raise_config_error
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec
@@ -24,18 +25,29 @@ def make_cost_model(
     tp: int = 1,
     kv_dtype: str = "bf16",
     weight_dtype: str = "bf16",
+    engine: EngineProfile | None = None,
 ) -> CostModel:
     """The measured model when the profile has tables for this model, TP and dtype; else the
-    roofline. Either has ``.kind`` ("measured" / "roofline") and ``.reason`` for the summary."""
+    roofline. Either has ``.kind`` ("measured" / "roofline") and ``.reason`` for the summary.
+    ``engine``: the serving engine whose kernel terms, all-reduce and CPU terms apply (None:
+    the hardware profile's own terms, as code that prices kernels without an engine wants)."""
     if profile.measured:
         tables = parse_measured(profile.measured, raise_config_error)
         reason = mismatch(tables, model, tp, kv_dtype, weight_dtype)
         if reason is None:
             return MeasuredCostModel(
-                model, profile, tp=tp, kv_dtype=kv_dtype, weight_dtype=weight_dtype, tables=tables
+                model,
+                profile,
+                tp=tp,
+                kv_dtype=kv_dtype,
+                weight_dtype=weight_dtype,
+                tables=tables,
+                engine=engine,
             )
     else:
         reason = "the profile has no measured tables"
-    cost = RooflineCostModel(model, profile, tp=tp, kv_dtype=kv_dtype, weight_dtype=weight_dtype)
+    cost = RooflineCostModel(
+        model, profile, tp=tp, kv_dtype=kv_dtype, weight_dtype=weight_dtype, engine=engine
+    )
     cost.reason = reason
     return cost

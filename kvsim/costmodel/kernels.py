@@ -85,11 +85,24 @@ def allreduce_s(
         if tp < a.min_gpus:
             continue
         t = a.latency_s + a.latency_per_gpu_s * (tp - 1) + moved / a.bus_bandwidth_bytes_per_s
+        if a.max_bytes is not None:  # a message above its limit goes to another algorithm
+            if np.ndim(t):
+                t = np.where(as_float(nbytes) > a.max_bytes, np.inf, t)
+            elif nbytes > a.max_bytes:
+                continue
         best = t if best is None else np.minimum(best, t)
+    if best is not None and np.ndim(best) and np.isinf(best).any():
+        best = np.where(np.isinf(best), _slowest(algorithms, moved, tp), best)
     if best is None:  # no algorithm applies at this size of group: the slowest is a ring anyway
-        a = algorithms[0]
-        best = a.latency_s + a.latency_per_gpu_s * (tp - 1) + moved / a.bus_bandwidth_bytes_per_s
+        best = _slowest(algorithms, moved, tp)
     return best if np.ndim(best) else float(best)
+
+
+def _slowest(algorithms: tuple[AllReduceAlgorithm, ...], moved, tp: int):
+    """A message no algorithm takes (each has a size limit below it): the first algorithm's time,
+    as if it had none; a profile's list should end with one without a limit (NCCL)."""
+    a = algorithms[0]
+    return a.latency_s + a.latency_per_gpu_s * (tp - 1) + moved / a.bus_bandwidth_bytes_per_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +118,10 @@ class KernelRates:
     attention_floor_s: float
     elementwise_floor_s: float
     allreduce: tuple[AllReduceAlgorithm, ...]
+    # decode attention on its own terms (bandwidth it reaches, fixed cost); None: priced with
+    # prefill attention as one kernel, as before the engine profiles' kernel tables
+    decode_attention_bytes_per_s: float | None = None
+    decode_attention_floor_s: float = 0.0
 
     @classmethod
     def of(cls, profile: HardwareProfile, compute_dtype: str = "bf16") -> KernelRates:
@@ -123,6 +140,12 @@ class KernelRates:
             attention_floor_s=eff.attention_floor_s,
             elementwise_floor_s=eff.elementwise_floor_s,
             allreduce=profile.allreduce_algorithms,
+            decode_attention_bytes_per_s=None
+            if eff.decode_attention is None
+            else gpu.hbm_bandwidth_bytes_per_s * eff.decode_attention,
+            decode_attention_floor_s=eff.attention_floor_s
+            if eff.decode_attention_floor_s is None
+            else eff.decode_attention_floor_s,
         )
 
     def gemm_s(self, flops, nbytes, kernels: float = 1.0):
@@ -136,6 +159,29 @@ class KernelRates:
         memory = as_float(nbytes) / self.bytes_per_s
         compute = as_float(flops) / self.attention_flops_per_s
         return layers * self.attention_floor_s + blend(compute, memory, self.ridge)
+
+    @property
+    def splits_attention(self) -> bool:
+        """Whether decode attention has terms of its own (`decode_attention_s`)."""
+        return self.decode_attention_bytes_per_s is not None
+
+    def decode_attention_s(self, flops, nbytes, layers: float = 1.0):
+        """Decode attention over ``layers`` layers: bandwidth-bound, at the share of HBM
+        bandwidth decode kernels reach, with their own fixed cost per layer."""
+        assert self.decode_attention_bytes_per_s is not None
+        memory = as_float(nbytes) / self.decode_attention_bytes_per_s
+        compute = as_float(flops) / self.attention_flops_per_s
+        return layers * self.decode_attention_floor_s + blend(compute, memory, self.ridge)
+
+    def mixed_attention_s(self, prefill_flops, prefill_bytes, decode_flops, decode_bytes, layers):
+        """Prefill chunks and decode sequences in one attention kernel per layer (vLLM V1's
+        unified call): each part at its own rates, one fixed cost per layer, the larger."""
+        memory = as_float(prefill_bytes) / self.bytes_per_s
+        compute = as_float(prefill_flops) / self.attention_flops_per_s
+        t = blend(compute, memory, self.ridge) + self.decode_attention_s(
+            decode_flops, decode_bytes, 0.0
+        )
+        return layers * max(self.attention_floor_s, self.decode_attention_floor_s) + t
 
     def elementwise_s(self, nbytes, kernels: float):
         """Memory-bound passes (norms, RoPE, activation, residual adds) of ``kernels`` kernels."""

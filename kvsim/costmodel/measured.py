@@ -14,11 +14,13 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.costmodel.chunked_prefill import ChunkedPrefill
+from kvsim.costmodel.engine_terms import IterationClock
 from kvsim.costmodel.family_rooflines import LayerAttention, elementwise_roofline, gemm_roofline
 from kvsim.costmodel.interpolate import RateCurve, RateGrid, Roofline, rate_curve
 from kvsim.costmodel.kernels import allreduce_s
 from kvsim.costmodel.roofline import RooflineCostModel
 from kvsim.costmodel.shapes import supported
+from kvsim.engines import EngineProfile
 from kvsim.errors import ConfigError
 from kvsim.hardware.attention_pairs import causal_pairs, windowed_pairs
 from kvsim.hardware.measured_tables import (
@@ -55,6 +57,7 @@ class MeasuredCostModel(ChunkedPrefill):
         kv_dtype: str = "bf16",
         weight_dtype: str = "bf16",
         tables: MeasuredTables | None = None,
+        engine: EngineProfile | None = None,
     ) -> None:
         tables = tables or parse_measured(profile.measured, raise_config_error)
         reason = mismatch(tables, model, tp, kv_dtype, weight_dtype)
@@ -67,8 +70,9 @@ class MeasuredCostModel(ChunkedPrefill):
         else:
             self.reason = f"measured on {tables.device} ({tables.date})"
         self.roofline = RooflineCostModel(
-            model, profile, tp=tp, kv_dtype=kv_dtype, weight_dtype=weight_dtype
+            model, profile, tp=tp, kv_dtype=kv_dtype, weight_dtype=weight_dtype, engine=engine
         )
+        self.kernel_terms = f"{profile.name} [measured]"
         rates = self.roofline.rates  # the roofline's kernel terms, at its compute dtype
         wbytes = weight_dtype_bytes(weight_dtype)
         self.layers = model.num_layers
@@ -86,13 +90,17 @@ class MeasuredCostModel(ChunkedPrefill):
         self.decode = RateGrid(
             np.array(d.batch), np.array(d.context), np.array(d.seconds), att.decode_roofline(rates)
         )
+        # the CPU time measured with the tables; the engine decides whether it overlaps the GPU
         self.overhead_s = tables.overhead_s
         self.request_overhead_s = self.roofline.request_overhead_s
+        kernels = self.roofline.kernels_per_iteration
+        self.clock = IterationClock.of(engine, self.overhead_s, kernels)
+        self.plain_clock = self.roofline.plain_clock
         self.tp = tp
         # two all-reduces per layer (after attention, after the MLP) of tokens x hidden x 2 bytes
         self.allreduce_calls = 2 * model.num_layers
         self.allreduce_bytes_per_token = model.hidden_size * 2.0
-        algorithms = profile.allreduce_algorithms
+        algorithms = self.roofline.rates.allreduce  # the engine's, when it names them
         self.allreduce_roofline: Roofline = lambda b: np.asarray(allreduce_s(algorithms, b, tp))
         self.allreduce = (
             rate_curve(tables.allreduce, self.allreduce_roofline)
@@ -164,7 +172,9 @@ class MeasuredCostModel(ChunkedPrefill):
         elif n_decode:
             contexts = np.asarray(decode_contexts, dtype=np.float64)[None, :]
             total += float(self.decode_attention_s(contexts)[0])
-        return total + self.overhead_s
+        if self.plain_clock:
+            return total + self.overhead_s
+        return self.clock.seconds(total, tokens)
 
     def _mean_decode_s(self, n: int, mean: np.ndarray) -> np.ndarray:
         """Decode attention of `n` sequences of each `mean` context, over every attention
@@ -186,7 +196,8 @@ class MeasuredCostModel(ChunkedPrefill):
         tokens the summed context gains per step, from ``total``, as in
         ``RooflineCostModel``)."""
         n = len(contexts)
-        fixed = float(self.linear_time_s(n, n)) + self.overhead_s
+        linear = float(self.linear_time_s(n, n))
+        fixed = linear + self.overhead_s
         offsets = np.arange(steps, dtype=np.float64)
         if growth is not None:
             start = float(np.mean(contexts)) if total is None else total / max(n, 1)
@@ -196,7 +207,9 @@ class MeasuredCostModel(ChunkedPrefill):
             attn = self.decode_attention_s(work)
         else:
             attn = self._mean_decode_s(n, float(np.mean(contexts)) + offsets)
-        return np.cumsum(fixed + attn)
+        if self.plain_clock:
+            return np.cumsum(fixed + attn)
+        return np.cumsum(self.clock.steps(linear + attn, n))
 
     def block_recompute_s(self, block_size: int) -> tuple[float, float]:
         """(base, per position) seconds to recompute one block inside a prefill, linearised

@@ -29,12 +29,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.costmodel.chunked_prefill import ChunkedPrefill
+from kvsim.costmodel.engine_terms import IterationClock, kernel_terms_note, under_engine
 from kvsim.costmodel.kernels import (
     ELEMENTWISE_KERNELS_PER_LAYER,
     KernelRates,
     as_float,
     elementwise_bytes_per_token,
 )
+from kvsim.engines import EngineProfile
 from kvsim.hardware.attention_pairs import windowed_pairs
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec, attention_costs, linear_flops_per_token, weight_bytes
@@ -109,7 +111,11 @@ class RooflineCostModel(ChunkedPrefill):
         kv_dtype: str = "bf16",
         weight_dtype: str = "bf16",
         compute_dtype: str | None = None,
+        engine: EngineProfile | None = None,
     ) -> None:
+        self.engine = engine
+        self.kernel_terms = kernel_terms_note(profile, engine)
+        profile = under_engine(profile, engine)
         compute_dtype = compute_dtype or compute_dtype_for(weight_dtype, profile)
         if compute_dtype not in profile.gpu.peak_flops_per_s:
             compute_dtype = "bf16"
@@ -153,6 +159,14 @@ class RooflineCostModel(ChunkedPrefill):
         self.kv_bytes_per_token = sum(g.kv_bytes_per_token for g in self.groups)
         self.flops_per_pair = sum(g.flops_per_pair for g in self.groups)
         self.state_bytes_per_seq = sum(g.state_bytes_per_seq for g in self.groups)
+        self.kernels_per_iteration = (
+            self.gemm_kernels + self.elementwise_kernels + self.attention_layers
+        ) + self.allreduce_calls
+        self.clock = IterationClock.of(engine, self.overhead_s, self.kernels_per_iteration)
+        # no overlap and no launch floor: an iteration is GPU + CPU time, added as before
+        self.plain_clock = engine is None or not (
+            engine.overlap_scheduling or engine.eager_launch_s
+        )
 
     # -- the parts of an iteration ------------------------------------------------------------
     def linear_s(self, tokens: float | np.ndarray, sequences: float | np.ndarray):
@@ -255,13 +269,26 @@ class RooflineCostModel(ChunkedPrefill):
             f, b = self._prefill_pairs_and_reads(new, context)
             flops += f
             nbytes += b
+        sequences = len(prefill) + len(decode_contexts)
+        if self.rates.splits_attention:
+            df, db = (0.0, 0.0)
+            if len(decode_contexts):
+                df, db = self._decode_step_work(decode_contexts, decode_total)
+            if not prefill:
+                attention = self.rates.decode_attention_s(df, db, self.attention_layers)
+            else:
+                layers = self.attention_layers
+                attention = self.rates.mixed_attention_s(flops, nbytes, df, db, layers)
+            gpu = float(self.linear_s(tokens, sequences) + attention)
+            return self.clock.seconds(gpu, tokens)
         if len(decode_contexts):
             f, b = self._decode_step_work(decode_contexts, decode_total)
             flops += f
             nbytes += b
-        sequences = len(prefill) + len(decode_contexts)
         t = self.linear_s(tokens, sequences) + self._attention_s(flops, nbytes)
-        return float(t) + self.overhead_s
+        if self.plain_clock:
+            return float(t) + self.overhead_s
+        return self.clock.seconds(float(t), tokens)
 
     def decode_run_ends_s(
         self,
@@ -289,8 +316,14 @@ class RooflineCostModel(ChunkedPrefill):
             attended = float(contexts.sum()) + n * offsets + n
             flops = attended * self.flops_per_pair
             nbytes = attended * self.kv_bytes_per_token + n * self.state_bytes_per_seq
-        fixed = float(self.linear_s(n, n)) + self.overhead_s
-        return np.cumsum(fixed + self._attention_s(flops, nbytes))
+        if self.rates.splits_attention:
+            attention = self.rates.decode_attention_s(flops, nbytes, self.attention_layers)
+        else:
+            attention = self._attention_s(flops, nbytes)
+        if self.plain_clock:
+            fixed = float(self.linear_s(n, n)) + self.overhead_s
+            return np.cumsum(fixed + attention)
+        return np.cumsum(self.clock.steps(float(self.linear_s(n, n)) + attention, n))
 
     def block_recompute_s(self, block_size: int) -> tuple[float, float]:
         """(base, per position) seconds to recompute one block as part of a prefill, so the

@@ -72,7 +72,12 @@ class RunParts:
     def build(cls, env: simpy.Environment, run: ResolvedEngine, source: TraceRequests) -> RunParts:
         config, model, profile = run.config, run.model, run.profile
         cost = make_cost_model(
-            model, profile, tp=config.tp, kv_dtype=config.kv_dtype, weight_dtype=config.weight_dtype
+            model,
+            profile,
+            tp=config.tp,
+            kv_dtype=config.kv_dtype,
+            weight_dtype=config.weight_dtype,
+            engine=run.engine,
         )
         comp = run.compression
         auto = comp.per_request_choice

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from kvsim.costmodel import CostModel
+from kvsim.costmodel.breakdown import SHAPES, iteration_breakdown
 from kvsim.engine.assemble import Fleet
 from kvsim.engine.scheduler import Scheduler
 from kvsim.engine.tiers import hourly_cost_usd
@@ -46,6 +48,9 @@ def collect(workload: Workload, fleet: Fleet, timeline: Timeline, wall_s: float)
         evictions=sum(r.kv.pool.stats.evictions for r in replicas),
         cost_model=cost.kind,
         cost_model_reason=cost.reason,
+        engine=run.engine.full_name,
+        kernel_terms=cost.kernel_terms,
+        iteration_breakdown_ms=breakdown_ms(cost),
         tiers=tier_report(hierarchies, fleet.parts.tier_block_bytes),
         links=links,
         timeline=timeline.table(),
@@ -63,6 +68,18 @@ def collect(workload: Workload, fleet: Fleet, timeline: Timeline, wall_s: float)
         kv_peak_bytes=workload.kv_peak_blocks * block_bytes,
         peak_hbm_kv_bytes=max(r.kv.peak_used_blocks for r in replicas) * block_bytes,
     )
+
+
+def breakdown_ms(cost: CostModel) -> dict[str, dict[str, float]]:
+    """The parts of a decode step at batch 1 and 32 (1k context), for the run summary."""
+    out = {}
+    for label, prefill, decode in SHAPES[:2]:
+        b = iteration_breakdown(cost, label, list(prefill), list(decode))
+        out[label] = {
+            **{k: round(v * 1e3, 4) for k, v in b.parts_s.items()},
+            "iteration": round(b.total_s * 1e3, 4),
+        }
+    return out
 
 
 def _request_compression(workload: Workload, fleet: Fleet) -> pa.Array | None:

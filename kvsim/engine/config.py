@@ -1,6 +1,7 @@
-"""Settings of one serving replica, with vLLM's defaults where vLLM has one.
+"""Settings of one serving replica, as a user of a serving engine would give them.
 
-Values are kept as the user typed them; `kvsim.engine.resolve` parses and checks them.
+Values are kept as the user typed them; `kvsim.engine.resolve` parses and checks them, and fills
+the scheduler settings left unset (None) from the engine profile (kvsim.engines).
 """
 
 from __future__ import annotations
@@ -13,36 +14,46 @@ class EngineConfig:
     """What a user of vLLM would set on the command line, plus the simulator's seed."""
 
     block_size: int = field(default=16, metadata={"help": "tokens per KV block (vLLM default 16)"})
-    max_num_seqs: int = field(
-        default=256, metadata={"help": "sequences per iteration (vLLM default 256)"}
-    )
-    max_num_batched_tokens: int = field(
-        default=8192,
+    engine: str = field(
+        default="vllm",
         metadata={
-            "help": "tokens per iteration, the chunked-prefill budget (vLLM V1 default 8192)"
+            "help": "serving engine profile NAME[@VERSION] (kvsim.engines: vllm, sglang, trtllm, "
+            "and older versions such as vllm@0.6) or a .toml file: CUDA graphs, scheduling "
+            "overhead and overlap, front end, all-reduce, and the defaults of the five "
+            "settings below"
         },
     )
-    chunked_prefill: bool = field(
-        default=True,
+    max_num_seqs: int | None = field(
+        default=None, metadata={"help": "sequences per iteration (default: the engine's)"}
+    )
+    max_num_batched_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "tokens per iteration, the chunked-prefill budget (default: the engine's)"
+        },
+    )
+    chunked_prefill: bool | None = field(
+        default=None,
         metadata={
             "help": "split a prompt across iterations to fill the token budget (vLLM V1, "
             "SGLang); off: a prompt starts only when it fits whole beside the running batch "
-            "(TensorRT-LLM's default, vLLM V0 without --enable-chunked-prefill)"
+            "(TensorRT-LLM's default, vLLM V0 without --enable-chunked-prefill); default: the "
+            "engine's"
         },
     )
-    num_scheduler_steps: int = field(
-        default=1,
+    num_scheduler_steps: int | None = field(
+        default=None,
         metadata={
             "help": "decode steps per scheduler call (vLLM v0 multi-step, --num-scheduler-steps): "
-            "a waiting request is admitted only between rounds"
+            "a waiting request is admitted only between rounds (default: the engine's)"
         },
     )
-    kv_reservation: str = field(
-        default="prompt",
+    kv_reservation: str | None = field(
+        default=None,
         metadata={
             "help": "free KV a request needs to be admitted: prompt (vLLM, SGLang: preempt later "
             "if outputs outgrow memory) or full (TensorRT-LLM's GUARANTEED_NO_EVICT: prompt plus "
-            "the whole output, never preempted)"
+            "the whole output, never preempted); default: the engine's"
         },
     )
     tp: int = field(default=1, metadata={"help": "tensor-parallel GPUs in the replica"})

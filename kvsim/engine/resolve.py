@@ -9,6 +9,7 @@ the `ResolvedEngine`, never a string. Unknown names fail here, before any trace 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from kvsim.engine.compress import page_bytes
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.settings import TierSettings, resolve_settings
 from kvsim.engine.tiers import node_of, resolve_profile
+from kvsim.engines import EngineProfile, load_engine
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.kvcache.overlap import LOAD_OVERLAPS
@@ -48,7 +50,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 class ResolvedEngine:
     """An engine config with every string parsed, every name found and every size computed."""
 
-    config: EngineConfig
+    config: EngineConfig  # as given, with the engine profile's defaults for what was left unset
+    engine: EngineProfile
     model: ModelSpec
     profile: HardwareProfile  # the run's tiers enabled, capacity overrides applied
     tiers: TierSettings
@@ -70,6 +73,8 @@ def resolve_engine(
 ) -> ResolvedEngine:
     """Parse and check `config` for `model` on `profile` (one ConfigError line if it cannot run)."""
     check_fields(config)
+    engine = engine_profile(config)
+    config = with_engine_defaults(config, engine)
     tiers = resolve_settings(config)
     _check_policies(tiers)
     resolved_profile = resolve_profile(profile, tiers)
@@ -93,6 +98,7 @@ def resolve_engine(
     num_blocks, block_bytes = _kv_blocks(config, model, resolved_profile, comp)
     return ResolvedEngine(
         config=config,
+        engine=engine,
         model=model,
         profile=resolved_profile,
         tiers=tiers,
@@ -102,19 +108,62 @@ def resolve_engine(
         roles=roles,
         num_blocks=num_blocks,
         block_bytes=block_bytes,
-        warnings=(*tiers.unused(enabled), *router_warnings),
+        warnings=(
+            *tiers.unused(enabled),
+            *router_warnings,
+            *_engine_warnings(profile, engine),
+        ),
     )
+
+
+def engine_profile(config: EngineConfig) -> EngineProfile:
+    """The engine profile `config.engine` names (one ConfigError line naming the setting)."""
+    if not isinstance(config.engine, str) or not config.engine.strip():
+        raise ConfigError(
+            f"engine.engine: expected an engine profile such as vllm or sglang@0.5, "
+            f"got {config.engine!r}"
+        )
+    try:
+        return load_engine(config.engine)
+    except KvsimError as exc:
+        raise ConfigError(f"engine.engine: {exc}") from None
+
+
+def with_engine_defaults(config: EngineConfig, engine: EngineProfile) -> EngineConfig:
+    """`config` with each scheduler setting left unset taken from the engine profile."""
+    unset = {k: v for k, v in engine.defaults.items() if getattr(config, k) is None}
+    return dataclasses.replace(config, **unset) if unset else config
+
+
+def _engine_warnings(profile: HardwareProfile, engine: EngineProfile) -> list[str]:
+    """A hardware profile's own CPU terms are the engine profile's to give in a run."""
+    eff = profile.efficiency
+    return [
+        f"hardware profile {profile.name}: [efficiency] {key} is not used; the engine profile "
+        f"{engine.full_name} gives it ({getattr(engine, key) * 1e3:g} ms)"
+        for key in ("iteration_overhead_s", "request_overhead_s")
+        if getattr(eff, key) and not (engine.kernels in profile.engines
+                                      and key in profile.engines[engine.kernels].efficiency)
+    ]  # fmt: skip
 
 
 def check_fields(config: EngineConfig) -> None:
     """Each setting on its own: its type, its range, one of its choices."""
-    for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tp"):
+    for name in ("block_size", "tp"):
         _positive_int(config, name)
-    _positive_int(config, "num_scheduler_steps")
+    for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps"):
+        if getattr(config, name) is not None:  # None: the engine profile's default
+            _positive_int(config, name)
+    if config.chunked_prefill not in (None, True, False):
+        raise ConfigError(
+            f"engine.chunked_prefill: expected true or false, got {config.chunked_prefill!r}"
+        )
     if config.num_gpu_blocks is not None:
         _positive_int(config, "num_gpu_blocks")
     for name, valid in _CHOICES.items():
         value = getattr(config, name)
+        if value is None and name == "kv_reservation":
+            continue
         if value not in valid:
             raise ConfigError(f"engine.{name}: expected one of {', '.join(valid)}, got {value!r}")
     if config.write_policy == "write-through" and config.hierarchy == "exclusive":

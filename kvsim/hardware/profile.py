@@ -49,7 +49,9 @@ class Efficiency:
 
     compute: float  # achieved / peak FLOP/s of GEMMs
     memory: float  # achieved / peak HBM bandwidth
-    iteration_overhead_s: float  # CPU time per engine iteration (schedule, prepare, sample)
+    # CPU time per engine iteration (schedule, prepare, sample); the engine profile's unless a
+    # hardware profile measured its own (kvsim calibrate)
+    iteration_overhead_s: float = 0.0
     attention: float | None = None  # achieved / peak FLOP/s of prefill attention (None: compute)
     ridge_sharpness: float = math.inf  # p of the p-norm joining compute and memory time
     kernel_floor_s: float = 0.0  # fixed cost of each GEMM or elementwise kernel
@@ -57,6 +59,10 @@ class Efficiency:
     elementwise: float | None = None  # achieved / peak bandwidth of norms etc. (None: memory)
     elementwise_floor_s: float = 0.0  # fixed cost of each elementwise kernel
     request_overhead_s: float = 0.0  # per request: API server, tokenise, detokenise
+    # decode attention is bandwidth-bound: the share of HBM bandwidth it reaches (None: the
+    # old single attention term prices decode and prefill together), and its fixed cost
+    decode_attention: float | None = None
+    decode_attention_floor_s: float | None = None
 
     @property
     def attention_or_compute(self) -> float:
@@ -79,6 +85,17 @@ class AllReduceAlgorithm:
     latency_per_gpu_s: float
     bus_bandwidth_bytes_per_s: float
     min_gpus: int = 2
+    max_bytes: float | None = None  # the largest message it takes (vLLM's custom all-reduce)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKernels:
+    """How this GPU's kernels run under one serving engine (a hardware profile's
+    ``[engines.NAME]`` table): [efficiency] terms it replaces, and its all-reduce algorithms
+    (none: the profile's [[allreduce]])."""
+
+    efficiency: dict[str, float]
+    allreduce: tuple[AllReduceAlgorithm, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +151,8 @@ class HardwareProfile:
     source_path: Path | None
     measured: dict[str, Any] = field(default_factory=dict)  # calibration tables, kept as read
     allreduce: tuple[AllReduceAlgorithm, ...] = ()  # none given: a ring at the NVLink bandwidth
+    # kernel terms measured under a serving engine, by the name engine profiles ask for
+    engines: dict[str, EngineKernels] = field(default_factory=dict)
 
     @property
     def allreduce_algorithms(self) -> tuple[AllReduceAlgorithm, ...]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from kvsim.errors import KvsimError
 from kvsim.hardware.profile import HardwareProfile, TierSpec
 from kvsim.hardware.registry import load_profile, profile_names
@@ -65,6 +67,39 @@ def _tier_row(t: TierSpec) -> list[str]:
     ]
 
 
+def _term(value: object) -> str:
+    if isinstance(value, float) and 0 < value < 1e-2:
+        return _duration(value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _kernel_terms(p: HardwareProfile) -> list[str]:
+    """[efficiency], [[allreduce]] and each engine's kernel terms, with their sources."""
+    rows = [["TERM", "VALUE", "SOURCE"]]
+    for f in dataclasses.fields(p.efficiency):
+        value = getattr(p.efficiency, f.name)
+        key = f"efficiency.{f.name}"
+        if key in p.sources or f.name in ("compute", "memory"):
+            rows.append([key, _term(value), p.sources.get(key, "")])
+    for engine, kernels in sorted(p.engines.items()):
+        for name, value in sorted(kernels.efficiency.items()):
+            key = f"engines.{engine}.{name}"
+            rows.append([key, _term(value), p.sources.get(key, "")])
+    out = ["Kernel terms (kvsim.costmodel.kernels; an engine profile picks engines.NAME):"]
+    out += [*_table(rows), ""]
+    algorithms = [("", a) for a in p.allreduce]
+    algorithms += [(f"engines.{e}.", a) for e, k in sorted(p.engines.items()) for a in k.allreduce]
+    if algorithms:
+        ar = [["ALL-REDUCE", "LATENCY", "PER GPU", "BUS BW", "MAX MESSAGE"]]
+        for prefix, a in algorithms:
+            limit = _si(a.max_bytes, "B") if a.max_bytes else "-"
+            ar.append([f"{prefix}{a.name}", _duration(a.latency_s),
+                       _duration(a.latency_per_gpu_s), _si(a.bus_bandwidth_bytes_per_s, "B/s"),
+                       limit])  # fmt: skip
+        out += [*_table(ar), ""]
+    return out
+
+
 def format_profile(profile: HardwareProfile) -> str:
     """Everything in a profile: GPU, efficiencies, tiers, and where each number came from."""
     p, g, src = profile, profile.gpu, profile.sources
@@ -81,12 +116,10 @@ def format_profile(profile: HardwareProfile) -> str:
         *((f"gpu.flops.{d}", _si(f, "FLOP/s")) for d, f in g.peak_flops_per_s.items()),
         ("gpu.interconnect_bandwidth", _si(g.interconnect_bandwidth_bytes_per_s, "B/s")),
         ("gpu.host_link_bandwidth", _si(g.host_link_bandwidth_bytes_per_s, "B/s")),
-        ("efficiency.compute", f"{p.efficiency.compute:g}"),
-        ("efficiency.memory", f"{p.efficiency.memory:g}"),
-        ("efficiency.iteration_overhead_s", _duration(p.efficiency.iteration_overhead_s)),
     ]
     node += [[field, value, src.get(field, "")] for field, value in values]
     lines += [f"GPU: {g.name} × {p.gpus_per_node}", *_table(node), ""]
+    lines += _kernel_terms(p)
 
     header = [
         "TIER",

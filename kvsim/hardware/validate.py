@@ -33,6 +33,7 @@ from kvsim.hardware.profile import (
     BLOCK_LAYOUTS,
     AllReduceAlgorithm,
     Efficiency,
+    EngineKernels,
     GpuSpec,
     HardwareProfile,
     TierSpec,
@@ -53,6 +54,7 @@ _TOP_FIELDS = {
     "sources",
     "measured",
     "allreduce",
+    "engines",
 }
 _GPU_FIELDS = {
     "name",
@@ -62,16 +64,20 @@ _GPU_FIELDS = {
     "interconnect_bandwidth",
     "host_link_bandwidth",
 }
-_EFFICIENCY_FIELDS = {"compute", "memory", "iteration_overhead_s"}
-#: Optional [efficiency] terms (kvsim.costmodel.kernels): fractions, exponents, seconds.
-_EFFICIENCY_FRACTIONS = ("attention", "elementwise")
+_EFFICIENCY_FIELDS = {"compute", "memory"}
+#: Optional [efficiency] terms (kvsim.costmodel.kernels): fractions, exponents, seconds. The
+#: CPU-side ones (iteration and request overheads) are the engine profile's (kvsim.engines);
+#: a hardware profile gives them only where it measured them itself (kvsim calibrate).
+_EFFICIENCY_FRACTIONS = ("attention", "elementwise", "decode_attention")
 _EFFICIENCY_SECONDS = (
     "kernel_floor_s",
     "attention_floor_s",
     "elementwise_floor_s",
+    "decode_attention_floor_s",
+    "iteration_overhead_s",
     "request_overhead_s",
 )
-_ALLREDUCE_FIELDS = {"name", "latency", "latency_per_gpu", "bus_bandwidth", "min_gpus"}
+_ALLREDUCE_FIELDS = {"name", "latency", "latency_per_gpu", "bus_bandwidth", "min_gpus", "max_bytes"}
 _TIER_FIELDS = {
     "name",
     "capacity",
@@ -312,45 +318,67 @@ def _gpu(r: _Reader, data: dict[str, Any]) -> GpuSpec:
     )
 
 
+def _efficiency_terms(r: _Reader, eff: dict[str, Any], prefix: str) -> dict[str, float]:
+    """The optional [efficiency] terms present in ``eff`` (a [efficiency] or [engines.NAME])."""
+    terms: dict[str, float] = {}
+    for key in _EFFICIENCY_FRACTIONS:
+        if key in eff:
+            terms[key] = r.fraction(eff, key, f"{prefix}{key}")
+    for key in _EFFICIENCY_SECONDS:
+        if key in eff:
+            field = f"{prefix}{key}"
+            terms[key] = r.plausible(field, r.number(eff, key, field), "latency")
+    if "ridge_sharpness" in eff:
+        # p of a p-norm: 1 adds the two limits, larger is sharper; below 1 is not a norm
+        terms["ridge_sharpness"] = r.number(
+            eff, "ridge_sharpness", f"{prefix}ridge_sharpness", low=1.0
+        )
+    return terms
+
+
 def _efficiency(r: _Reader, data: dict[str, Any]) -> Efficiency:
     eff = r.table(data, "efficiency", "efficiency")
     fields = {*_EFFICIENCY_FIELDS, *_EFFICIENCY_FRACTIONS, *_EFFICIENCY_SECONDS, "ridge_sharpness"}
     r.no_unknown(eff, fields, "efficiency.")
-    optional: dict[str, float] = {}
-    for key in _EFFICIENCY_FRACTIONS:
-        if key in eff:
-            optional[key] = r.fraction(eff, key, f"efficiency.{key}")
-    for key in _EFFICIENCY_SECONDS:
-        if key in eff:
-            field = f"efficiency.{key}"
-            optional[key] = r.plausible(field, r.number(eff, key, field), "latency")
-    if "ridge_sharpness" in eff:
-        # p of a p-norm: 1 adds the two limits, larger is sharper; below 1 is not a norm
-        optional["ridge_sharpness"] = r.number(
-            eff, "ridge_sharpness", "efficiency.ridge_sharpness", low=1.0
-        )
     return Efficiency(
         compute=r.fraction(eff, "compute", "efficiency.compute"),
         memory=r.fraction(eff, "memory", "efficiency.memory"),
-        iteration_overhead_s=r.plausible(
-            "efficiency.iteration_overhead_s",
-            r.number(eff, "iteration_overhead_s", "efficiency.iteration_overhead_s"),
-            "latency",
-        ),
-        **optional,
+        **_efficiency_terms(r, eff, "efficiency."),
     )
 
 
-def _allreduce(r: _Reader, data: dict[str, Any]) -> tuple[AllReduceAlgorithm, ...]:
-    raw = data.get("allreduce", [])
+def _engines(r: _Reader, data: dict[str, Any]) -> dict[str, EngineKernels]:
+    """``[engines.NAME]``: the [efficiency] terms and all-reduce algorithms measured under one
+    serving engine, which its engine profile picks by NAME."""
+    raw = data.get("engines", {})
+    if not isinstance(raw, dict):
+        r.fail("engines", f"expected [engines.NAME] tables, got {_shown(raw)}")
+    fields = {*_EFFICIENCY_FRACTIONS, *_EFFICIENCY_SECONDS, "compute", "memory"}
+    fields |= {"ridge_sharpness", "allreduce"}
+    engines: dict[str, EngineKernels] = {}
+    for name, table in raw.items():
+        prefix = f"engines.{key_name(name)}."
+        if not isinstance(table, dict):
+            r.fail(prefix.rstrip("."), f"expected a table, got {_shown(table)}")
+        r.no_unknown(table, fields, prefix)
+        terms = _efficiency_terms(r, table, prefix)
+        for key in ("compute", "memory"):
+            if key in table:
+                terms[key] = r.fraction(table, key, prefix + key)
+        allreduce = _allreduce(r, table.get("allreduce", []), prefix + "allreduce")
+        engines[name] = EngineKernels(efficiency=terms, allreduce=allreduce)
+    return engines
+
+
+def _allreduce(r: _Reader, raw: Any, where: str = "allreduce") -> tuple[AllReduceAlgorithm, ...]:
     if not isinstance(raw, list):
-        r.fail("allreduce", "expected [[allreduce]] tables, one per algorithm")
+        r.fail(where, f"expected [[{where}]] tables, one per algorithm")
     algorithms: list[AllReduceAlgorithm] = []
     for index, item in enumerate(raw):
         if not isinstance(item, dict):
-            r.fail(f"allreduce[{index}]", f"expected an [[allreduce]] table, got {_shown(item)}")
-        name = r.text(item, "name", f"allreduce[{index}].name")
-        p = f"allreduce.{name}."
+            r.fail(f"{where}[{index}]", f"expected an [[{where}]] table, got {_shown(item)}")
+        name = r.text(item, "name", f"{where}[{index}].name")
+        p = f"{where}.{name}."
         if any(a.name == name for a in algorithms):
             r.fail(p.rstrip("."), "duplicate algorithm; each name appears once")
         r.no_unknown(item, _ALLREDUCE_FIELDS, p)
@@ -366,6 +394,9 @@ def _allreduce(r: _Reader, data: dict[str, Any]) -> tuple[AllReduceAlgorithm, ..
                 latency_per_gpu_s=latency("latency_per_gpu"),
                 bus_bandwidth_bytes_per_s=r.plausible(p + "bus_bandwidth", bus, "device_bandwidth"),
                 min_gpus=r.count(item, "min_gpus", p + "min_gpus") if "min_gpus" in item else 2,
+                max_bytes=float(r.size(item, "max_bytes", p + "max_bytes"))
+                if "max_bytes" in item
+                else None,
             )
         )
     return tuple(algorithms)
@@ -517,7 +548,8 @@ def validate_profile(path: str | Path) -> HardwareProfile:
     utilization = r.fraction(data, "gpu_memory_utilization", "gpu_memory_utilization")
     gpu = _gpu(r, data)
     efficiency = _efficiency(r, data)
-    allreduce = _allreduce(r, data)
+    allreduce = _allreduce(r, data.get("allreduce", []))
+    engines = _engines(r, data)
     tiers = _tiers(r, data, gpu, gpus)
     sources = _sources(r, data)
     measured = data.get("measured", {})
@@ -538,4 +570,5 @@ def validate_profile(path: str | Path) -> HardwareProfile:
         source_path=path,
         measured=measured,
         allreduce=allreduce,
+        engines=engines,
     )

@@ -28,6 +28,10 @@ class RunResult:
     evictions: int
     cost_model: str = "roofline"
     cost_model_reason: str = ""
+    engine: str = ""  # the serving engine profile, name@version
+    kernel_terms: str = ""  # where the cost model's kernel terms come from
+    # a few batch shapes' iteration parts, ms (kvsim.costmodel.breakdown), shape -> part -> ms
+    iteration_breakdown_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     tiers: dict[str, dict[str, float]] = field(default_factory=dict)
     links: dict[str, dict[str, float]] = field(default_factory=dict)
     timeline: pa.Table | None = None

@@ -35,6 +35,12 @@ class PlanFolder(AtomicFolder):
 @click.option("--model", default="llama-3.1-8b", show_default=True, help="Catalog model or TOML.")
 @click.option("--hardware", default="h100-sxm", show_default=True, help="Hardware profile.")
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel GPUs/replica.")
+@click.option(
+    "--engine",
+    default="vllm",
+    show_default=True,
+    help="Serving engine profile NAME[@VERSION] (kvsim engine list).",
+)
 @click.option("--slo-ttft-p99", type=float, required=True, help="TTFT p99 objective, seconds.")
 @click.option("--slo-tpot-p99", type=float, required=True, help="TPOT p99 objective, seconds.")
 @click.option(
@@ -83,6 +89,7 @@ def plan(
     model: str,
     hardware: str,
     tp: int,
+    engine: str,
     slo_ttft_p99: float,
     slo_tpot_p99: float,
     rates: str,
@@ -145,7 +152,7 @@ def plan(
         max_requests=max_requests,
         model=model,
         hardware=hardware,
-        engine=EngineConfig(tp=tp, seed=seed),
+        engine=EngineConfig(tp=tp, seed=seed, engine=engine),
     )
     settings = PlanSettings(
         base,
