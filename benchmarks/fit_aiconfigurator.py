@@ -698,19 +698,22 @@ SOURCES_END = "# fit_aiconfigurator.py: engine sources above"
 
 
 def _strip_block(text: str, begin: str, end: str) -> tuple[str, int | None]:
-    """``text`` without the block between ``begin`` and ``end`` (lines included), and where it
-    was (None: not there)."""
+    """``text`` without the block from the line ``begin`` to the line ``end`` (and the blank
+    line after it), and where it was (None: not there)."""
     i = text.find(begin + "\n")
-    j = text.find(end + "\n")
-    if i < 0 or j < i:
+    j = text.find(end + "\n", max(i, 0))
+    if i < 0 or j < 0:
         return text, None
-    return text[:i] + text[j + len(end) + 1 :], i
+    j += len(end) + 1
+    if text.startswith("\n", j):
+        j += 1
+    return text[:i] + text[j:], i
 
 
 def with_engine_blocks(text: str, tables: str, sources: str, where: str = "") -> str:
     """A profile's text with its generated [engines.*] tables (where they were, else before the
     first ``[[tiers]]``) and their [sources] lines (at the end: [sources] must be the last
-    table); every other line unchanged."""
+    table); every other line unchanged, so stripping both blocks gives the text back."""
     text, at = _strip_block(text, TOML_BEGIN, TOML_END)
     text, _ = _strip_block(text, SOURCES_BEGIN, SOURCES_END)
     last_table = max(text.rfind("\n["), 0)
@@ -719,11 +722,10 @@ def with_engine_blocks(text: str, tables: str, sources: str, where: str = "") ->
     if at is None:
         at = text.find("\n[[tiers]]")
         at = len(text) if at < 0 else at + 1
-    block = f"{TOML_BEGIN}\n{tables}\n{TOML_END}\n"
-    if not text[at:].startswith("\n") and at < len(text):
-        block += "\n"
-    text = text[:at] + block + text[at:]
-    return text.rstrip("\n") + f"\n{SOURCES_BEGIN}\n{sources}\n{SOURCES_END}\n"
+    text = text[:at] + f"{TOML_BEGIN}\n{tables}\n{TOML_END}\n\n" + text[at:]
+    if not text.endswith("\n"):
+        text += "\n"
+    return text + f"{SOURCES_BEGIN}\n{sources}\n{SOURCES_END}\n"
 
 
 def write_profiles(results: list[dict], directory: Path = PROFILES_DIR) -> list[Path]:
