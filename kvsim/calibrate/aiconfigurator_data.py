@@ -124,7 +124,7 @@ class KernelDatabase:
         frame, rel = self._table(gpu, "gemm", engine, "gemm_perf.parquet", version, _GEMM)
         out = frame.rename(columns=_GEMM)
         out["latency_s"] = _seconds(out.pop("latency"), rel)
-        return _finish(out, ["m", "n", "k", "dtype", "latency_s", "kernel_source"], rel)
+        return _finish(out, ["m", "n", "k", "dtype", "latency_s", "kernel_source"], rel, True)
 
     def context_attention(self, gpu: str, engine: str, version: str | None = None) -> pd.DataFrame:
         """Prefill attention of one layer: batch sequences of isl new tokens each, no cache."""

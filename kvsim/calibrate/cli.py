@@ -202,7 +202,8 @@ class _MeasureByDefault(click.Group):
 @click.group("calibrate", cls=_MeasureByDefault)
 def calibrate() -> None:
     """Measured kernel costs for a profile: measure this machine (the default: kvsim calibrate
-    [measure] OPTIONS) or import Vidur's public profiling data (import-vidur)."""
+    [measure] OPTIONS), import Vidur's public profiling data (import-vidur) or NVIDIA's
+    AIConfigurator kernel database (import-aiconfigurator)."""
 
 
 @calibrate.command("measure")
@@ -382,6 +383,145 @@ def import_vidur_profile(
         gpu=gpu,
         commit=commit,
         note=note,
+    )
+    profile = write_file(
+        out,
+        imported.text,
+        what="the profile",
+        overwrite=overwrite,
+        make_parents=True,
+        check=validate_profile,
+    )  # whole, and only once the profile validates
+    return imported, profile
+
+
+@calibrate.command("import-aiconfigurator")
+@click.option("--gpu", required=True, help="The database's GPU folder, e.g. h100_sxm, b200_sxm.")
+@click.option(
+    "--engine",
+    required=True,
+    help="Engine whose kernels were measured: vllm, sglang or trtllm.",
+)
+@click.option("--model", "model_name", required=True, help="Catalog name or model TOML file.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--kv-dtype", default="bf16", show_default=True, help="bf16 or fp8.")
+@click.option("--weight-dtype", default="bf16", show_default=True, help="bf16 or fp8.")
+@click.option(
+    "--engine-version",
+    default=None,
+    help="The engine version's tables (default: the newest in the database).",
+)
+@click.option(
+    "--data",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The aiconfigurator-core wheel or an extracted copy (default: $KVSIM_AICONFIGURATOR, "
+    "an installed aiconfigurator_core, else kvsim's subset in benchmarks/data/aiconfigurator).",
+)
+@click.option(
+    "--profile",
+    "base",
+    default=None,
+    help="Profile of the GPU, for everything not measured (default: the GPU's shipped profile).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Profile to write, e.g. hardware_profiles/measured/NAME.toml.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace the profile already at --out.")
+def import_aiconfigurator_command(
+    gpu: str,
+    engine: str,
+    model_name: str,
+    tp: int,
+    kv_dtype: str,
+    weight_dtype: str,
+    engine_version: str | None,
+    data: Path | None,
+    base: str | None,
+    out: Path,
+    overwrite: bool,
+) -> None:
+    """Write a measured profile from NVIDIA's AIConfigurator kernel database (GEMM, attention,
+    all-reduce measured under vLLM, SGLang or TensorRT-LLM). Gaps come from the roofline."""
+    imported, profile = import_aiconfigurator_profile(
+        gpu,
+        engine,
+        model_name,
+        tp,
+        out,
+        kv_dtype=kv_dtype,
+        weight_dtype=weight_dtype,
+        version=engine_version,
+        data=data,
+        base=base,
+        overwrite=overwrite,
+    )
+    click.echo(
+        f"wrote {out} ({profile.name}: {imported.base} + AIConfigurator tables, {gpu} "
+        f"{engine}, tp={tp})"
+    )
+    click.echo(f"  filled from the roofline: {', '.join(imported.filled) or 'nothing'}")
+    for line in imported.notes:
+        click.echo(f"  {line}")
+
+
+def import_aiconfigurator_profile(
+    gpu: str,
+    engine: str,
+    model_name: str,
+    tp: int,
+    out: Path,
+    *,
+    kv_dtype: str = "bf16",
+    weight_dtype: str = "bf16",
+    version: str | None = None,
+    data: Path | None = None,
+    base: str | None = None,
+    overwrite: bool = False,
+):
+    """``kvsim calibrate import-aiconfigurator`` as a Python call: (Imported, the validated
+    profile). Nothing is written unless the whole profile validates."""
+    from kvsim.calibrate.aiconfigurator_data import open_database
+    from kvsim.calibrate.aiconfigurator_import import (
+        GPU_PROFILES,
+        Request,
+        import_aiconfigurator,
+    )
+    from kvsim.errors import UnknownNameError
+    from kvsim.hardware import load_profile, validate_profile
+    from kvsim.hardware.registry import profile_path
+    from kvsim.models import load_model
+
+    if out.suffix != ".toml":
+        raise ConfigError(f"--out: expected a .toml path, got {out}")
+    _check_out(out, overwrite)
+    model = load_model(model_name)
+    db = open_database(data)
+    engines = db.engines(gpu)  # names the GPUs there when --gpu is not among them
+    if engine not in engines:
+        raise ConfigError(
+            f"--engine {engine}: no tables for it on {gpu} in {db.root} (engines there: "
+            f"{', '.join(engines) or 'none'})"
+        )
+    if base is None:
+        base = GPU_PROFILES.get(gpu)
+        try:
+            if base is None:
+                raise UnknownNameError("profile", gpu, [])
+            profile_path(base)
+        except UnknownNameError:
+            raise ConfigError(
+                f"--gpu {gpu}: kvsim has no base profile for it (expected "
+                f"hardware_profiles/{base or gpu}.toml); name one with --profile"
+            ) from None
+    base_profile = load_profile(base)
+    base_file = base_profile.source_path or profile_path(base)
+    request = Request(gpu, engine, model, tp, kv_dtype, weight_dtype, version)
+    imported = import_aiconfigurator(
+        db, request, out, base_profile, Path(base_file).read_text(encoding="utf-8")
     )
     profile = write_file(
         out,

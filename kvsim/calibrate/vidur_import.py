@@ -364,9 +364,11 @@ def _lm_head(model: ModelSpec, tp: int, rates: KernelRates) -> dict:
     }
 
 
-def _attention_fill(model: ModelSpec, tp: int, rates: KernelRates) -> dict[str, dict]:
+def _attention_fill(
+    model: ModelSpec, tp: int, rates: KernelRates, kv_dtype: str = DTYPE
+) -> dict[str, dict]:
     """Attention tables priced by the base profile's kernel roofline, over wide grids."""
-    att = _Attention(model, tp, DTYPE)
+    att = _Attention(model, tp, kv_dtype)
     n = np.array(PREFILL_TOKENS, dtype=np.float64)
 
     def prefill(context: np.ndarray) -> dict:
@@ -475,11 +477,32 @@ def profile_text(
 ) -> str:
     """The base profile's own text (every datasheet number and source kept as written), renamed,
     with ``[measured]`` appended."""
-    head, sep, rest = base_text.partition("\n[")
     description = (
         f"{base.description}; kernel tables of {model.name} at tp={tp} from Vidur's profiling "
         f"data{f' ({files.gpu})' if files.gpu else ''}, MIT licence"
     )
+    header = [
+        "# Written by `kvsim calibrate import-vidur` (docs/calibration.md): the base profile "
+        f"{base.name} with",
+        "# [measured] tables from Vidur's public profiling data (github.com/microsoft/vidur, "
+        "MIT licence,",
+        "# Copyright (c) Microsoft Corporation); provenance and gaps filled from the roofline "
+        "are in [measured].",
+    ]
+    return render_profile(base_text, name, base, description, header, measured)
+
+
+def render_profile(
+    base_text: str,
+    name: str,
+    base: HardwareProfile,
+    description: str,
+    header: list[str],
+    measured: dict[str, Any],
+) -> str:
+    """``base_text`` renamed to ``name`` with ``description``, under the comment lines
+    ``header``, with ``[measured]`` appended (every importer writes its profile this way)."""
+    head, sep, rest = base_text.partition("\n[")
     head, named = re.subn(r"(?m)^name\s*=.*$", lambda _: f"name = {_toml_str(name)}", head, count=1)
     head, described = re.subn(
         r"(?m)^description\s*=.*$",
@@ -492,12 +515,7 @@ def profile_text(
             f"--profile {base.name}: no top-level name and description lines to rename"
         )
     lines = [
-        "# Written by `kvsim calibrate import-vidur` (docs/calibration.md): the base profile "
-        f"{base.name} with",
-        "# [measured] tables from Vidur's public profiling data (github.com/microsoft/vidur, "
-        "MIT licence,",
-        "# Copyright (c) Microsoft Corporation); provenance and gaps filled from the roofline "
-        "are in [measured].",
+        *header,
         head.rstrip("\n") + ("\n" + sep if sep else "") + rest.rstrip("\n"),
         "",
         dumps({"measured": measured}).rstrip(),
