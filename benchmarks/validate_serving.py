@@ -1,24 +1,31 @@
 """Replay published vLLM / SGLang / TensorRT-LLM serving runs through kvsim and report the error.
 
-Issue 11 asks how far kvsim's served TTFT, TPOT/ITL, E2E and throughput are from real engines.
-Each point of ``benchmarks/validation_data/serving.toml`` is a published measurement with its
-configuration (GPU, model, TP, dtypes, lengths or data set, arrival rate or concurrency); this
-script builds the same workload as a canonical trace, runs it through kvsim's public API
-(``kvsim.engine.simulate``, so it measures whatever the cost model is today), and prints the
-signed error ``(kvsim - measured) / measured`` per point and per metric.
+Issues 11 and 22 ask how far kvsim's served TTFT, TPOT/ITL, E2E and throughput are from real
+engines, old and current. Each point of ``benchmarks/validation_data/serving.toml`` is a published
+measurement with its configuration (engine, GPU, model, TP, dtypes, lengths or data set, arrival
+rate or concurrency); this script builds the same workload as a canonical trace, runs it through
+kvsim's public API (``kvsim.engine.simulate``, so it measures whatever the cost model is today)
+under the point's engine profile (``EngineConfig(engine=...)``: the profile's scheduler defaults,
+overridden only by what the source states it ran with), and prints the signed error
+``(kvsim - measured) / measured`` per point and per metric.
 
 Fit and held-out halves. Points are sorted by id within each source and alternate fit, held-out,
-fit, ... The one overhead term fitted here is the per-request serving overhead (API server,
-tokenization, scheduling, detokenization): the median over fit-half points below saturation of
-``measured TTFT - kvsim TTFT without it``. The profile may already carry it as
-``[efficiency] request_overhead_s`` (read with getattr, so the script runs before and after the
-cost model has the field); "without it" subtracts the profile's value from kvsim's TTFT and E2E.
-The report gives every metric twice: kvsim as it is now, and kvsim with the fitted overhead in
-place of the profile's, each with median and worst |error| on the fit half and the held-out half
-separately. Only the held-out half says how well the fitted model predicts.
+fit, ... The one term fitted here is each engine's per-request serving overhead (API server,
+tokenization, scheduling, detokenization; ``request_overhead_s`` of its engine profile): the
+median over that engine's fit-half points below saturation of ``measured TTFT - kvsim TTFT
+without it``. "Without it" subtracts the overhead the run applied (the engine profile's, or the
+hardware profile's before kvsim had engine profiles). The report gives every metric twice: kvsim as
+it is now, and kvsim with each engine's fitted overhead in place of its profile's, on the fit half
+and the held-out half separately. Only the held-out half says how well the fitted model predicts.
 
-    python benchmarks/validate_serving.py                  # table on stdout (~1 min on 2 cores)
-    python benchmarks/validate_serving.py --fit            # also the profile line to paste
+Saturation check: for every published sweep of one setup over at least three loads (Poisson rates
+or closed-loop concurrencies) with TTFT, the load where TTFT first exceeds 3x its lightest-load
+value (interpolated linearly between the loads that bracket it), published against kvsim's on the
+published loads plus a grid; the goal is within 15 %.
+
+    python benchmarks/validate_serving.py                  # table on stdout (~3 min on 2 cores)
+    python benchmarks/validate_serving.py --fit            # also the engine-profile lines to paste
+    python benchmarks/validate_serving.py --engine-filter vllm@0.24,sglang   # a subset, quickly
     python benchmarks/validate_serving.py --out runs/val   # plus points.csv and report.md
     python benchmarks/validate_serving.py --update-doc     # rewrite the generated block of
                                                            # docs/validation.md's served section
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import math
 import statistics
 import subprocess
@@ -44,6 +52,7 @@ import numpy as np
 import kvsim
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.simulation import simulate
+from kvsim.engines import load_engine
 from kvsim.hardware import load_profile
 from kvsim.models import load_model
 from kvsim.traces.schema import Trace, make_trace_table
@@ -53,6 +62,11 @@ DATA = HERE / "validation_data" / "serving.toml"
 DOC = HERE.parent / "docs" / "validation.md"
 DOC_BEGIN = "<!-- validate_serving.py: generated below, do not edit by hand -->"
 DOC_END = "<!-- validate_serving.py: generated above -->"
+
+#: Whether EngineConfig takes an engine profile (kvsim with engine profiles) or not (before them:
+#: the script then applies the profile's scheduler defaults itself and the hardware profile's
+#: request overhead stands).
+ENGINE_AWARE = "engine" in {f.name for f in dataclasses.fields(EngineConfig)}
 
 #: Metrics a point may publish, in report order: (field in the data, label).
 METRICS: tuple[tuple[str, str], ...] = (
@@ -64,12 +78,25 @@ METRICS: tuple[tuple[str, str], ...] = (
 )
 #: Metrics the per-request overhead shifts (it is paid once per request, before the first token).
 OVERHEAD_METRICS = frozenset({"ttft_s", "e2e_s"})
-REQUIRED = ("id", "source", "engine", "gpu", "model", "tp", "weight_dtype", "kv_dtype")
+REQUIRED = ("id", "source", "published_engine", "gpu", "model", "tp", "weight_dtype", "kv_dtype")
 REQUIRED += ("workload", "arrival", "below_saturation", "quote")
 ARRIVALS = ("poisson", "concurrency", "offline")
-WORKLOADS = ("fixed", "sharegpt")
-#: Goal of issue 11: median |error| at most this, and no point below saturation beyond WORST_GOAL.
-MEDIAN_GOAL, WORST_GOAL = 0.10, 0.25
+WORKLOADS = ("fixed", "sharegpt", "uniform")
+#: Settings a source may state it ran with; they override the engine profile's defaults.
+STATED_SETTINGS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "chunked_prefill",
+    "kv_reservation",
+    "num_gpu_blocks",
+)
+#: Goals: issue 11's median |error| (and no point below saturation beyond WORST_GOAL); issue 22's
+#: saturation load within SATURATION_GOAL.
+MEDIAN_GOAL, WORST_GOAL, SATURATION_GOAL = 0.10, 0.25, 0.15
+#: A sweep's knee: the load where TTFT first exceeds this multiple of its lightest-load TTFT.
+KNEE_FACTOR = 3.0
+#: Published loads a sweep needs before its knee is checked; kvsim's extra grid points per sweep.
+SWEEP_MIN_LOADS, SWEEP_GRID_POINTS = 3, 8
 
 
 @dataclass(frozen=True)
@@ -78,7 +105,7 @@ class Point:
 
     id: str
     source: str
-    engine: str
+    engine: str  # kvsim engine profile (name@version) that replays it
     gpu: str
     model: str
     tp: int
@@ -89,9 +116,12 @@ class Point:
     below_saturation: bool
     quote: str
     measured: dict[str, float]
+    published_engine: str = ""
     statistic: str = "median"
     input_tokens: int = 0
     output_tokens: int = 0
+    input_min_tokens: int = 0
+    input_max_tokens: int = 0
     rate_per_s: float = 0.0
     concurrency: int = 0
     num_prompts: int | None = None
@@ -107,9 +137,18 @@ class Point:
         return "offline"
 
     @property
+    def load_value(self) -> float:
+        """The offered load as a number: request rate or concurrency (0 offline)."""
+        return {"poisson": self.rate_per_s, "concurrency": float(self.concurrency)}.get(
+            self.arrival, 0.0
+        )
+
+    @property
     def lengths(self) -> str:
         if self.workload == "fixed":
             return f"{self.input_tokens}/{self.output_tokens}"
+        if self.workload == "uniform":
+            return f"{self.input_min_tokens}-{self.input_max_tokens}/{self.output_tokens}"
         return self.workload
 
 
@@ -134,11 +173,11 @@ class Dataset:
 
 @dataclass
 class Result:
-    """kvsim's figures for one point: as simulated, and with the profile's overhead removed."""
+    """kvsim's figures for one point: as simulated, and with the run's overhead removed."""
 
     point: Point
     kvsim: dict[str, float]
-    raw: dict[str, float]  # kvsim minus the profile's request overhead (TTFT, E2E)
+    raw: dict[str, float]  # kvsim minus the request overhead the run applied (TTFT, E2E)
     requests: int
     wall_s: float
     half: str = ""
@@ -159,6 +198,9 @@ def load_dataset(path: Path = DATA) -> Dataset:
                 raise ValueError(f"{path.name}: point {where}: missing {key}")
         if raw["source"] not in sources or "url" not in sources[raw["source"]]:
             raise ValueError(f"{path.name}: point {where}: source {raw['source']!r} has no url")
+        engine = raw.get("engine", sources[raw["source"]].get("engine"))
+        if not engine:
+            raise ValueError(f"{path.name}: point {where}: no engine (point or source)")
         if raw["arrival"] not in ARRIVALS or raw["workload"] not in WORKLOADS:
             raise ValueError(f"{path.name}: point {where}: unknown arrival or workload")
         measured = {m: float(raw[m]) for m, _ in METRICS if m in raw}
@@ -167,11 +209,14 @@ def load_dataset(path: Path = DATA) -> Dataset:
         needs = {"poisson": "rate_per_s", "concurrency": "concurrency"}.get(raw["arrival"])
         if needs and needs not in raw:
             raise ValueError(f"{path.name}: point {where}: {raw['arrival']} needs {needs}")
-        if raw["workload"] == "fixed" and not (
-            raw.get("input_tokens") and raw.get("output_tokens")
-        ):
-            raise ValueError(f"{path.name}: point {where}: fixed workload needs both lengths")
+        lengths = {
+            "fixed": ("input_tokens", "output_tokens"),
+            "uniform": ("input_min_tokens", "input_max_tokens", "output_tokens"),
+        }.get(raw["workload"], ())
+        if not all(raw.get(k) for k in lengths):
+            raise ValueError(f"{path.name}: point {where}: {raw['workload']} needs {lengths}")
         fields = {k: raw[k] for k in Point.__dataclass_fields__ if k in raw and k != "measured"}
+        fields["engine"] = engine
         points.append(Point(measured=measured, **fields))
     ids = [p.id for p in points]
     if len(set(ids)) != len(ids):
@@ -195,6 +240,27 @@ def split_halves(points: Sequence[Point]) -> dict[str, str]:
         for i, pid in enumerate(sorted(ids)):
             halves[pid] = "fit" if i % 2 == 0 else "held-out"
     return halves
+
+
+def engine_matches(engine: str, terms: Sequence[str]) -> bool:
+    """``--engine-filter``: a term names a profile (``vllm@0.24``) or every version (``vllm``)."""
+    return any(engine == t or engine.startswith(f"{t}@") for t in terms)
+
+
+def sharegpt_for(data: Dataset, point: Point) -> ShareGPT | None:
+    """The ShareGPT lengths for a point: the file's, with its source's published means if any."""
+    if data.sharegpt is None:
+        return None
+    source = data.sources.get(point.source, {})
+    return dataclasses.replace(
+        data.sharegpt,
+        input_mean_tokens=float(
+            source.get("sharegpt_input_mean_tokens", data.sharegpt.input_mean_tokens)
+        ),
+        output_mean_tokens=float(
+            source.get("sharegpt_output_mean_tokens", data.sharegpt.output_mean_tokens)
+        ),
+    )
 
 
 # -- workload --------------------------------------------------------------------------------------
@@ -237,6 +303,9 @@ def build_trace(point: Point, n: int, sharegpt: ShareGPT | None, seed: int = 0) 
     if point.workload == "fixed":
         inputs = np.full(n, point.input_tokens, dtype=np.int64)
         outputs = np.full(n, point.output_tokens, dtype=np.int64)
+    elif point.workload == "uniform":
+        inputs = rng.integers(point.input_min_tokens, point.input_max_tokens + 1, n)
+        outputs = np.full(n, point.output_tokens, dtype=np.int64)
     else:
         if sharegpt is None:
             raise ValueError(f"{point.id}: sharegpt workload but no [workloads.sharegpt] table")
@@ -274,30 +343,49 @@ def build_trace(point: Point, n: int, sharegpt: ShareGPT | None, seed: int = 0) 
 
 
 # -- simulation ------------------------------------------------------------------------------------
+def stated_settings(point: Point, source: dict[str, Any]) -> dict[str, Any]:
+    """What the source states the engine ran with: these, and only these, override its profile."""
+    stated: dict[str, Any] = {k: source[k] for k in STATED_SETTINGS if k in source}
+    if point.num_scheduler_steps != 1:
+        stated["num_scheduler_steps"] = point.num_scheduler_steps
+    return stated
+
+
 def engine_config(point: Point, source: dict[str, Any], seed: int = 0) -> EngineConfig:
-    """vLLM's defaults, with a source's published batch limits and its engine's KV reservation
-    (TensorRT-LLM: ``full``, its default GUARANTEED_NO_EVICT) and chunking (TensorRT-LLM: off by
-    default), and a point's multi-step rounds."""
-    defaults = EngineConfig()
-    return EngineConfig(
-        tp=point.tp,
-        weight_dtype=point.weight_dtype,
-        kv_dtype=point.kv_dtype,
-        enable_prefix_caching=False,  # random prompts / radix cache disabled in every source
-        max_num_seqs=int(source.get("max_num_seqs", defaults.max_num_seqs)),
-        max_num_batched_tokens=int(
-            source.get("max_num_batched_tokens", defaults.max_num_batched_tokens)
-        ),
-        num_scheduler_steps=point.num_scheduler_steps,
-        kv_reservation=str(source.get("kv_reservation", "prompt")),
-        chunked_prefill=bool(source.get("chunked_prefill", True)),
-        seed=seed,
-    )
+    """The point's engine profile with the source's stated settings on top.
+
+    Before kvsim had engine profiles (no ``EngineConfig.engine``), the profile's scheduler
+    defaults are applied here instead, so the replay runs the same scheduler either way.
+    """
+    base: dict[str, Any] = {
+        "tp": point.tp,
+        "weight_dtype": point.weight_dtype,
+        "kv_dtype": point.kv_dtype,
+        "enable_prefix_caching": False,  # random prompts / radix cache disabled in every source
+        "seed": seed,
+    }
+    stated = stated_settings(point, source)
+    if ENGINE_AWARE:
+        return EngineConfig(engine=point.engine, **base, **stated)  # type: ignore[call-arg]
+    defaults = dict(load_engine(point.engine).defaults)
+    return EngineConfig(**base, **{**defaults, **stated})
 
 
 def request_overhead_s(profile: Any) -> float:
-    """The profile's per-request overhead, 0 before the cost model has the field."""
+    """A hardware profile's per-request overhead, 0 before the cost model had the field."""
     return float(getattr(profile.efficiency, "request_overhead_s", 0.0) or 0.0)
+
+
+def applied_overhead_s(point: Point) -> float:
+    """The per-request overhead a replay of ``point`` pays: its engine profile's (through the
+    hardware profile's kernel terms for that engine, as the cost model reads it), or the hardware
+    profile's before kvsim had engine profiles."""
+    profile = load_profile(point.gpu)
+    if ENGINE_AWARE:
+        from kvsim.costmodel.engine_terms import under_engine
+
+        profile = under_engine(profile, load_engine(point.engine))
+    return request_overhead_s(profile)
 
 
 def kvsim_figures(
@@ -333,13 +421,13 @@ def run_point(data: Dataset, point: Point, max_requests: int, seed: int = 0) -> 
     start = time.perf_counter()
     profile = load_profile(point.gpu)
     n = request_count(point, max_requests)
-    trace = build_trace(point, n, data.sharegpt, seed)
+    trace = build_trace(point, n, sharegpt_for(data, point), seed)
     config = engine_config(point, data.sources[point.source], seed)
     result = simulate(trace, load_model(point.model), profile, config)
     figures = kvsim_figures(
         result.requests, result.simulated_s, point.statistic, point.arrival == "concurrency"
     )
-    overhead = request_overhead_s(profile)
+    overhead = applied_overhead_s(point)
     raw = {m: v - overhead if m in OVERHEAD_METRICS else v for m, v in figures.items()}
     return Result(point, figures, raw, n, time.perf_counter() - start)
 
@@ -350,19 +438,27 @@ def signed_error(kvsim: float, measured: float) -> float:
     return (kvsim - measured) / measured
 
 
-def fit_overhead(results: Iterable[Result]) -> tuple[float, int]:
-    """Median over fit-half points below saturation of measured TTFT - kvsim TTFT without it."""
-    gaps = [
-        r.point.measured["ttft_s"] - r.raw["ttft_s"]
-        for r in results
-        if r.half == "fit" and r.point.below_saturation and "ttft_s" in r.point.measured
-    ]
-    return (statistics.median(gaps), len(gaps)) if gaps else (0.0, 0)
-
-
-def apply_fit(results: Iterable[Result], overhead_s: float) -> None:
+def fit_overheads(results: Iterable[Result]) -> dict[str, tuple[float, int, float]]:
+    """engine -> (fitted overhead, points, median gap): the median over the engine's fit-half
+    points below saturation of measured TTFT - kvsim TTFT without the overhead, floored at 0 for
+    the fitted value (a negative gap means kvsim's TTFT is too high without any front end, which
+    an overhead cannot fix). Engines with no such point are absent."""
+    gaps: dict[str, list[float]] = {}
     for r in results:
-        r.fitted = {m: v + overhead_s if m in OVERHEAD_METRICS else v for m, v in r.raw.items()}
+        if r.half == "fit" and r.point.below_saturation and "ttft_s" in r.point.measured:
+            gaps.setdefault(r.point.engine, []).append(r.point.measured["ttft_s"] - r.raw["ttft_s"])
+    fits = {}
+    for engine, g in sorted(gaps.items()):
+        gap = statistics.median(g)
+        fits[engine] = (max(gap, 0.0), len(g), gap)
+    return fits
+
+
+def apply_fit(results: Iterable[Result], overheads: dict[str, float]) -> None:
+    """Each result's figures with its engine's fitted overhead (the applied one where none)."""
+    for r in results:
+        extra = overheads.get(r.point.engine, r.kvsim["ttft_s"] - r.raw["ttft_s"])
+        r.fitted = {m: v + extra if m in OVERHEAD_METRICS else v for m, v in r.raw.items()}
 
 
 def errors(r: Result, which: str) -> dict[str, float]:
@@ -401,6 +497,150 @@ def summarize(results: Sequence[Result], which: str) -> list[dict[str, Any]]:
     return rows
 
 
+#: The engine x GPU tables' columns: (label, metrics read in order, below saturation only).
+#: TPOT/ITL takes a point's TPOT, else its ITL (kvsim's ITL is its TPOT); TTFT is compared below
+#: saturation only, since a saturated TTFT measures the queue, which the saturation check covers.
+CELL_METRICS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    ("TTFT", ("ttft_s",), True),
+    ("TPOT/ITL", ("tpot_s", "itl_s"), False),
+    ("E2E", ("e2e_s",), False),
+    ("throughput", ("output_throughput_tokens_per_s",), False),
+)
+
+
+def cell_errors(
+    results: Iterable[Result], which: str, metrics: Sequence[str], below_only: bool
+) -> list[float]:
+    """|error| of the first of ``metrics`` each result publishes."""
+    out = []
+    for r in results:
+        if below_only and not r.point.below_saturation:
+            continue
+        metric = next((m for m in metrics if m in r.point.measured), None)
+        if metric is not None:
+            out.append(abs(errors(r, which)[metric]))
+    return out
+
+
+def engine_gpu_groups(results: Sequence[Result]) -> dict[tuple[str, str], list[Result]]:
+    groups: dict[tuple[str, str], list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.point.engine, r.point.gpu), []).append(r)
+    return dict(sorted(groups.items()))
+
+
+# -- saturation ------------------------------------------------------------------------------------
+@dataclass
+class Sweep:
+    """One setup published at several loads: its knee, published and in kvsim."""
+
+    key: str
+    points: list[Point]
+    published_knee: float | None
+    published_bracket: tuple[float, float] | None
+    kvsim_loads: list[float] = field(default_factory=list)
+    kvsim_ttft: list[float] = field(default_factory=list)
+    kvsim_knee: float | None = None
+
+    @property
+    def max_load(self) -> float:
+        return max(p.load_value for p in self.points)
+
+    @property
+    def unit(self) -> str:
+        return "req/s" if self.points[0].arrival == "poisson" else "concurrent"
+
+    def verdict(self) -> tuple[str, bool | None]:
+        """(what the comparison says, whether it meets the goal; None: cannot be judged)."""
+        pub, sim = self.published_knee, self.kvsim_knee
+        if pub is not None and sim is not None:
+            err = sim / pub - 1
+            return f"{err:+.0%}", abs(err) <= SATURATION_GOAL
+        if pub is None and (sim is None or sim > self.max_load):
+            return f"both above {self.max_load:g} (published bound)", True
+        if pub is None:
+            return f"kvsim saturates below the published {self.max_load:g}", False
+        return "kvsim does not saturate on its grid", False
+
+
+def knee(loads: Sequence[float], ttft: Sequence[float]) -> tuple[float | None, tuple | None]:
+    """The load where TTFT first exceeds KNEE_FACTOR x its lightest-load value, interpolated
+    linearly between the two loads around it; (None, None) if it never does."""
+    order = sorted(range(len(loads)), key=lambda i: loads[i])
+    xs = [loads[i] for i in order]
+    ys = [ttft[i] for i in order]
+    limit = KNEE_FACTOR * ys[0]
+    for i in range(1, len(xs)):
+        if ys[i] > limit:
+            x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+            return x0 + (x1 - x0) * (limit - y0) / (y1 - y0), (x0, x1)
+    return None, None
+
+
+def find_sweeps(points: Sequence[Point]) -> list[Sweep]:
+    """Published sweeps: one source, engine, GPU, model, TP, lengths and arrival kind at
+    SWEEP_MIN_LOADS or more loads, each with a TTFT."""
+    groups: dict[str, list[Point]] = {}
+    for p in points:
+        if p.arrival == "offline" or "ttft_s" not in p.measured:
+            continue
+        key = f"{p.source}: {p.engine} {p.model} {p.gpu}x{p.tp} {p.lengths} ({p.arrival})"
+        groups.setdefault(key, []).append(p)
+    sweeps = []
+    for key, group in sorted(groups.items()):
+        if len({p.load_value for p in group}) < SWEEP_MIN_LOADS:
+            continue
+        pub, bracket = knee([p.load_value for p in group], [p.measured["ttft_s"] for p in group])
+        sweeps.append(Sweep(key, sorted(group, key=lambda p: p.load_value), pub, bracket))
+    return sweeps
+
+
+def with_load(point: Point, load: float) -> Point:
+    """``point`` at another offered load (rate or concurrency)."""
+    if point.arrival == "poisson":
+        return dataclasses.replace(point, id=f"{point.id}@{load:g}", rate_per_s=load)
+    return dataclasses.replace(
+        point, id=f"{point.id}@{load:g}", concurrency=int(load), num_prompts=None
+    )
+
+
+def grid_loads(sweep: Sweep) -> list[float]:
+    """Loads kvsim runs beyond the published ones: geometric from the lightest load to the
+    heaviest (x4 when the published runs never saturate, to find kvsim's own knee)."""
+    low = min(p.load_value for p in sweep.points)
+    high = sweep.max_load * (1 if sweep.published_knee is not None else 4)
+    grid = np.geomspace(low, high, SWEEP_GRID_POINTS + 2)[1:]
+    if sweep.points[0].arrival == "concurrency":
+        grid = np.unique(np.rint(grid))
+    else:
+        grid = np.unique(np.round(grid, 2))
+    published = {p.load_value for p in sweep.points}
+    return [float(x) for x in grid if float(x) not in published]
+
+
+def check_saturation(
+    data: Dataset, sweeps: Sequence[Sweep], results: Sequence[Result], max_requests: int, seed: int
+) -> None:
+    """kvsim's TTFT at each sweep's published loads (already run) and on its grid, and its knee."""
+    by_id = {r.point.id: r for r in results}
+    for sweep in sweeps:
+        template = sweep.points[-1]
+        loads, ttft = [], []
+        for p in sweep.points:
+            r = by_id.get(p.id) or run_point(data, p, max_requests, seed)
+            loads.append(p.load_value)
+            ttft.append(r.kvsim["ttft_s"])
+        for load in grid_loads(sweep):
+            r = run_point(data, with_load(template, load), max_requests, seed)
+            print(f"  saturation grid {template.id} at {load:g}: {r.wall_s:.1f} s", file=sys.stderr)
+            loads.append(load)
+            ttft.append(r.kvsim["ttft_s"])
+        order = sorted(range(len(loads)), key=lambda i: loads[i])
+        sweep.kvsim_loads = [loads[i] for i in order]
+        sweep.kvsim_ttft = [ttft[i] for i in order]
+        sweep.kvsim_knee, _ = knee(sweep.kvsim_loads, sweep.kvsim_ttft)
+
+
 # -- report ----------------------------------------------------------------------------------------
 def pct(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:+.0%}"
@@ -416,8 +656,8 @@ def shown(metric: str, value: float) -> str:
 
 def points_table(results: Sequence[Result]) -> str:
     head = (
-        "| point | half | engine | GPU × TP | model | lengths | load | metric | measured | "
-        "kvsim now | error now | error fitted |\n"
+        "| point | half | engine (published) | GPU × TP | model | lengths | load | metric | "
+        "measured | kvsim now | error now | error fitted |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
@@ -430,8 +670,8 @@ def points_table(results: Sequence[Result]) -> str:
             sat = "" if p.below_saturation else " (sat.)"
             stat = "total" if metric == "output_throughput_tokens_per_s" else p.statistic
             lines.append(
-                f"| {p.id} | {r.half} | {p.engine} | {p.gpu} × {p.tp} | {p.model} | "
-                f"{p.lengths} | {p.load}{sat} | {label} ({stat}) | "
+                f"| {p.id} | {r.half} | {p.engine} ({p.published_engine}) | {p.gpu} × {p.tp} | "
+                f"{p.model} | {p.lengths} | {p.load}{sat} | {label} ({stat}) | "
                 f"{shown(metric, p.measured[metric])} | {shown(metric, r.kvsim[metric])} | "
                 f"{pct(now[metric])} | {pct(fitted[metric])} |"
             )
@@ -455,6 +695,91 @@ def summary_table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+def median_cell(errs: Sequence[float]) -> str:
+    """'12% (n=3)' with a mark when the median misses MEDIAN_GOAL; '–' when nothing to compare."""
+    if not errs:
+        return "–"
+    med = statistics.median(errs)
+    mark = "" if med <= MEDIAN_GOAL else " ✗"
+    return f"{med:.0%}{mark} (n={len(errs)})"
+
+
+def engine_gpu_tables(results: Sequence[Result]) -> str:
+    """One table per engine x GPU: held-out median |error| (fitted), and over every point."""
+    blocks = []
+    for (engine, gpu), group in engine_gpu_groups(results).items():
+        held = [r for r in group if r.half == "held-out"]
+        published = sorted({r.point.published_engine for r in group})
+        models = sorted({f"{r.point.model} TP{r.point.tp}" for r in group})
+        lines = [
+            f"**{engine} on {gpu}** ({len(group)} points, {len(held)} held out; published: "
+            f"{'; '.join(published)}; {', '.join(models)})",
+            "",
+            "| metric | held-out, fitted | held-out, now | all points, fitted |",
+            "|---|---|---|---|",
+        ]
+        for label, metrics, below_only in CELL_METRICS:
+            cells = [
+                median_cell(cell_errors(held, "fitted", metrics, below_only)),
+                median_cell(cell_errors(held, "now", metrics, below_only)),
+                median_cell(cell_errors(group, "fitted", metrics, below_only)),
+            ]
+            lines.append(f"| {label} | {' | '.join(cells)} |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def overhead_table(results: Sequence[Result], fits: dict[str, tuple[float, int, float]]) -> str:
+    """Each engine's profile overhead and the value fitted on its fit half."""
+    lines = [
+        "| engine | profile's request_overhead_s | fitted | fit-half points | line for "
+        "kvsim/engines/profiles/ENGINE.toml |",
+        "|---|---|---|---|---|",
+    ]
+    for engine in sorted({r.point.engine for r in results}):
+        applied = next(
+            r.kvsim["ttft_s"] - r.raw["ttft_s"] for r in results if r.point.engine == engine
+        )
+        if engine in fits:
+            value, n, gap = fits[engine]
+            line = f"`request_overhead_s = {value:.4f}`"
+            shown_gap = "" if gap >= 0 else f" (median gap {gap * 1e3:+.1f} ms)"
+            lines.append(
+                f"| {engine} | {applied * 1e3:.1f} ms | {value * 1e3:.1f} ms{shown_gap} | {n} | "
+                f"{line} |"
+            )
+        else:
+            lines.append(f"| {engine} | {applied * 1e3:.1f} ms | – | 0 | (kept) |")
+    return "\n".join(lines)
+
+
+def saturation_table(sweeps: Sequence[Sweep]) -> str:
+    lines = [
+        f"| sweep | published loads | published knee (TTFT > {KNEE_FACTOR:g}× lightest) | "
+        "kvsim knee | error | within the published bracket | goal ±15 % |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in sweeps:
+        loads = ", ".join(f"{p.load_value:g}" for p in s.points)
+        if s.published_knee is not None and s.published_bracket is not None:
+            lo, hi = s.published_bracket
+            pub = f"{s.published_knee:.3g} {s.unit} (between {lo:g} and {hi:g})"
+        else:
+            pub = f"> {s.max_load:g} {s.unit} (never within the sweep)"
+        grid_top = max(s.kvsim_loads) if s.kvsim_loads else s.max_load
+        sim = f"{s.kvsim_knee:.3g} {s.unit}" if s.kvsim_knee is not None else f"> {grid_top:g}"
+        text, ok = s.verdict()
+        inside = "–"
+        if s.published_bracket is not None and s.kvsim_knee is not None:
+            lo, hi = s.published_bracket
+            inside = "yes" if lo <= s.kvsim_knee <= hi else "no"
+        lines.append(
+            f"| {s.key} | {loads} | {pub} | {sim} | {text} | {inside} | "
+            f"{'met' if ok else 'missed' if ok is False else 'n/a'} |"
+        )
+    return "\n".join(lines)
+
+
 def provenance() -> str:
     """The kvsim the figures came from: version, commit, and whether the cost model was edited."""
     root = HERE.parent
@@ -469,10 +794,13 @@ def provenance() -> str:
     head = git("rev-parse", "--short", "HEAD") or "unknown commit"
     dirty = git("status", "--porcelain", "--", "kvsim", "hardware_profiles")
     state = " plus uncommitted changes to kvsim/ or hardware_profiles/" if dirty else ""
-    return f"kvsim {kvsim.__version__} at {head}{state}"
+    mode = "engine profiles" if ENGINE_AWARE else "no engine profiles yet (defaults applied here)"
+    return f"kvsim {kvsim.__version__} at {head}{state}; {mode}"
 
 
-def report(results: Sequence[Result], overhead_s: float, n_fit: int, profile_s: float) -> str:
+def report(
+    results: Sequence[Result], fits: dict[str, tuple[float, int, float]], sweeps: Sequence[Sweep]
+) -> str:
     held = [
         s
         for s in summarize(results, "fitted")
@@ -483,10 +811,25 @@ def report(results: Sequence[Result], overhead_s: float, n_fit: int, profile_s: 
         [
             f"Generated by `python benchmarks/validate_serving.py` from {provenance()}.",
             "",
-            f"Fitted per-request overhead: {overhead_s * 1e3:.1f} ms (median over {n_fit} "
-            f"fit-half points below saturation; the profiles now carry {profile_s * 1e3:.1f} ms).",
-            f"Goal (held-out, below saturation: median |error| <= {MEDIAN_GOAL:.0%}, worst <= "
-            f"{WORST_GOAL:.0%} per metric): {'met' if met else 'not met'}.",
+            "Per-request overhead by engine (fitted: median over the engine's fit-half points "
+            "below saturation of measured TTFT − kvsim TTFT without it):",
+            "",
+            overhead_table(results, fits),
+            "",
+            f"Median |error| per engine × GPU, held-out half with each engine's fitted overhead "
+            f"(goal ≤ {MEDIAN_GOAL:.0%}; ✗ marks a miss). TTFT over points below saturation, the "
+            "other metrics over every load; TPOT/ITL is a point's TPOT, else its ITL.",
+            "",
+            engine_gpu_tables(results),
+            "",
+            f"Saturation check (goal: kvsim's knee within {SATURATION_GOAL:.0%} of the "
+            "published one):",
+            "",
+            saturation_table(sweeps) if sweeps else "(no sweep in the points run)",
+            "",
+            f"All engines together (held-out, below saturation: median |error| <= "
+            f"{MEDIAN_GOAL:.0%}, worst <= {WORST_GOAL:.0%} per metric): "
+            f"{'met' if met else 'not met'}.",
             "",
             summary_table(results),
             "",
@@ -508,61 +851,78 @@ def update_doc(text: str, path: Path = DOC) -> None:
 def write_csv(results: Sequence[Result], path: Path) -> None:
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["id", "half", "source", "engine", "gpu", "tp", "model", "lengths", "load",
-                    "below_saturation", "statistic", "metric", "measured", "kvsim_now",
-                    "kvsim_fitted", "error_now", "error_fitted", "requests", "wall_s"])  # fmt: skip
+        w.writerow(["id", "half", "source", "engine", "published_engine", "gpu", "tp", "model",
+                    "lengths", "load", "below_saturation", "statistic", "metric", "measured",
+                    "kvsim_now", "kvsim_fitted", "error_now", "error_fitted", "requests",
+                    "wall_s"])  # fmt: skip
         for r in results:
             p = r.point
             now, fitted = errors(r, "now"), errors(r, "fitted")
             for metric, value in p.measured.items():
-                w.writerow([p.id, r.half, p.source, p.engine, p.gpu, p.tp, p.model, p.lengths,
-                            p.load, p.below_saturation, p.statistic, metric, value,
-                            r.kvsim[metric], r.fitted[metric], now[metric], fitted[metric],
-                            r.requests, round(r.wall_s, 2)])  # fmt: skip
+                w.writerow([p.id, r.half, p.source, p.engine, p.published_engine, p.gpu, p.tp,
+                            p.model, p.lengths, p.load, p.below_saturation, p.statistic, metric,
+                            value, r.kvsim[metric], r.fitted[metric], now[metric],
+                            fitted[metric], r.requests, round(r.wall_s, 2)])  # fmt: skip
+
+
+def fit_lines(fits: dict[str, tuple[float, int, float]]) -> str:
+    """The line to paste into each fitted engine's profile, with its provenance."""
+    out = []
+    for engine, (value, n, gap) in fits.items():
+        out.append(
+            f"# kvsim/engines/profiles/{engine}.toml\nrequest_overhead_s = {value:.4f}"
+            f'\n# [sources] request_overhead_s = "measured: benchmarks/validate_serving.py --fit, '
+            f"median over {n} fit-half published runs below saturation of measured TTFT minus "
+            f'kvsim TTFT without it ({gap * 1e3:+.1f} ms, floored at 0)"'
+        )
+    return "\n".join(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=DATA, help="points file (TOML)")
-    parser.add_argument("--fit", action="store_true", help="print the profile line to paste")
+    parser.add_argument("--fit", action="store_true", help="print the engine-profile lines")
     parser.add_argument("--out", type=Path, help="write points.csv and report.md here")
     parser.add_argument("--max-requests", type=int, default=5000, help="cap per point")
     parser.add_argument("--only", default="", help="run only points whose id contains this")
+    parser.add_argument(
+        "--engine-filter",
+        default="",
+        help="comma-separated engine profiles to run (vllm@0.24) or names (every version: sglang)",
+    )
+    parser.add_argument("--no-saturation", action="store_true", help="skip the saturation check")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--update-doc", action="store_true", help="rewrite docs/validation.md's block"
     )
     args = parser.parse_args(argv)
+    terms = [t.strip() for t in args.engine_filter.split(",") if t.strip()]
+    if args.update_doc and (terms or args.only or args.no_saturation):
+        parser.error("--update-doc writes the full validation: drop --engine-filter/--only")
 
     data = load_dataset(args.data)
     halves = split_halves(data.points)
+    chosen = [
+        p
+        for p in data.points
+        if (not args.only or args.only in p.id) and (not terms or engine_matches(p.engine, terms))
+    ]
+    if not chosen:
+        parser.error("no point matches --only / --engine-filter")
     results = []
-    for point in data.points:
-        if args.only and args.only not in point.id:
-            continue
+    for point in chosen:
         r = run_point(data, point, args.max_requests, args.seed)
         r.half = halves[point.id]
         results.append(r)
         print(f"  {point.id}: {r.requests} requests, {r.wall_s:.1f} s", file=sys.stderr)
-    overhead, n_fit = fit_overhead(results)
-    apply_fit(results, overhead)
-    profile_s = max(request_overhead_s(load_profile(g)) for g in {p.gpu for p in data.points})
-    text = report(results, overhead, n_fit, profile_s)
+    fits = fit_overheads(results)
+    apply_fit(results, {engine: value for engine, (value, _, _) in fits.items()})
+    sweeps = [] if args.no_saturation else find_sweeps(chosen)
+    check_saturation(data, sweeps, results, args.max_requests, args.seed)
+    text = report(results, fits, sweeps)
     print(text)
     if args.fit:
-        print(f"\n[efficiency]\nrequest_overhead_s = {overhead:.4f}  # {n_fit} fit-half points, "
-              f"benchmarks/validate_serving.py")  # fmt: skip
-        engines = sorted({r.point.engine for r in results})
-        for engine in engines:
-            gaps = [
-                r.point.measured["ttft_s"] - r.raw["ttft_s"]
-                for r in results
-                if r.point.engine == engine and r.point.below_saturation
-                and "ttft_s" in r.point.measured
-            ]  # fmt: skip
-            if gaps:
-                print(f"#   {engine}: median gap {statistics.median(gaps) * 1e3:.1f} ms over "
-                      f"{len(gaps)} points (both halves; information only)")  # fmt: skip
+        print("\n" + fit_lines(fits))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         write_csv(results, args.out / "points.csv")
