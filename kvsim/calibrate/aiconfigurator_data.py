@@ -306,10 +306,12 @@ def _seconds(latency_ms: pd.Series, rel: str) -> pd.Series:
     values = pd.to_numeric(latency_ms, errors="coerce")
     bad = ~(values > 0)
     if bad.any():
-        row = int(bad.to_numpy().nonzero()[0][0])
+        pos = int(bad.to_numpy().nonzero()[0][0])
+        value = latency_ms.iloc[pos]
+        value = value.item() if hasattr(value, "item") else value
         raise ConfigError(
-            f"{WHEEL_PREFIX}{rel}: row {row}: latency {latency_ms.iloc[row]!r} is not a positive "
-            "number of milliseconds"
+            f"{WHEEL_PREFIX}{rel}: row {latency_ms.index[pos]}: latency {value!r} is not a "
+            "positive number of milliseconds"
         )
     return values.astype("float64") * 1e-3
 
