@@ -17,6 +17,15 @@ Defaults (Dynamo's): s = `overlap_score_weight` = 1, c = `device_credit` = 1, ho
 m_shared = `shared_weight` = 0 (Dynamo uses 0.5 when shared-cache scoring is on), d = `decay` = 0
 and a = `active_weight` = 0 (off), T = `temperature` = 0.
 
+Sources: the formula in ai-dynamo/dynamo `lib/kv-router/src/scheduling/selector/default.rs` at
+commit 07a6c9ce3bb0 (`worker_logit`); the defaults in `lib/kv-router/src/scheduling/config.rs`
+(`impl Default for KvRouterConfig`, the v1.4-era version the code index stores; the Dynamo repo is
+too large to fetch whole here, so its commit is not pinned). Dynamo's names: s =
+`prefill_load_scale` (`overlap_score_weight` is its deprecated alias), c = `overlap_score_credit`,
+d = `overlap_score_credit_decay`, a = `decode_active_request_weight`, T = `router_temperature`,
+m_shared = `shared_cache_multiplier`, host/disk = `host_cache_hit_weight`/`disk_cache_hit_weight`.
+Not modelled: the router-side queue (`router_queue_threshold`, off by default in that version).
+
 `approximate=True` is Dynamo without KV events: it ignores `view.match` and counts as device
 overlap the request's leading blocks it sent to w in the last `ttl_s` = 120 s of simulated time
 (its approximate indexer's TTL), learning only from its own decisions.
@@ -36,25 +45,26 @@ from kvsim.routers.prefix_index import BlockIndex
 
 @dataclass(frozen=True)
 class DynamoKvParams:
-    overlap_score_weight: float = 1.0
+    # Defaults: KvRouterConfig::default() in config.rs (see the module docstring).
+    overlap_score_weight: float = 1.0  # prefill_load_scale: default_prefill_load_scale() = 1.0
     """s: weight of the prefill blocks left after the cache credit."""
-    device_credit: float = 1.0
+    device_credit: float = 1.0  # overlap_score_credit: 1.0
     """c: credit per request block already in the replica's HBM."""
-    host_credit: float = 0.75
+    host_credit: float = 0.75  # host_cache_hit_weight: default_host_cache_hit_weight() = 0.75
     """Credit per block in node memory (dram, cxl)."""
-    disk_credit: float = 0.25
+    disk_credit: float = 0.25  # disk_cache_hit_weight: default_disk_cache_hit_weight() = 0.25
     """Credit per block on node storage (nvme)."""
-    shared_weight: float = 0.0
+    shared_weight: float = 0.0  # shared_cache_multiplier: 0.0 (0.5 with a shared cache type)
     """m_shared: credit per block in the pool shared by every node (Dynamo: 0.5 when on)."""
-    decay: float = 0.0
+    decay: float = 0.0  # overlap_score_credit_decay: default_overlap_score_credit_decay() = 0.0
     """d: shrinks the device credit of replicas with more queued prefill than the least."""
-    active_weight: float = 0.0
+    active_weight: float = 0.0  # decode_active_request_weight: 0.0
     """a: added cost per waiting or running request."""
-    temperature: float = 0.0
+    temperature: float = 0.0  # router_temperature: 0.0
     """T: 0 picks the lowest logit; > 0 samples, softer as T grows."""
-    approximate: bool = False
+    approximate: bool = False  # use_kv_events: true
     """Ignore the view's cache and learn from own routing decisions (no KV events)."""
-    ttl_s: float = 120.0
+    ttl_s: float = 120.0  # router_ttl_secs: 120.0 (approximate cache policy: ttl)
     """In approximate mode, how long a routed block is believed resident."""
 
     def __post_init__(self) -> None:

@@ -1,5 +1,6 @@
-"""vLLM production-stack's KV-aware routers: `src/vllm_router/routers/routing_logic.py`.
-Rules as in shared/reference/routing.md; `mode` picks one.
+"""vLLM production-stack's KV-aware routers: vllm-project/production-stack
+`src/vllm_router/routers/routing_logic.py` at commit a6c01db05f65 (2026-08-05), defaults from
+`src/vllm_router/parsers/parser.py` there. `mode` picks one.
 
 Load = waiting + running requests of each candidate; m_w = the request's leading blocks matched.
 
@@ -7,14 +8,23 @@ Load = waiting + running requests of each candidate; m_w = the request's leading
   request, ties uniformly at random with the run's generator (production-stack draws
   `random.choice` among the endpoints sharing the longest match, so with nothing matched the
   choice is uniform). The chosen replica's trie then receives the request's blocks.
-- `loadaware`: the highest m_w / request blocks − β · (load_w − mean) / max(1, mean), mean over
-  the candidates, m_w from the same trie, β = `beta` = 1; ties uniformly at random; the chosen
-  replica's trie receives the request's blocks.
+- `loadaware` (kvsim's own variant, not production-stack's: its `--routing-logic` offers
+  roundrobin, session, kvaware, prefixaware and the two disaggregated ones, and no commit in its
+  history has a load-aware prefix router): the highest m_w / request blocks − β · (load_w −
+  mean) / max(1, mean), mean over the candidates, m_w from the same trie, β = `beta` = 1; ties
+  uniformly at random; the chosen replica's trie receives the request's blocks.
 - `kvaware`: a replica qualifies when its cache (any tier, `view.match`: the LMCache holder in
   production-stack) covers m_w · B ≥ input_tokens − `kv_threshold_tokens` (2000); the qualifying
   replica with the most matched blocks wins (fewest active, then lowest index, on a tie). With no
   qualifier, the least loaded (lowest index on a tie). Short prompts (≤ 2000 tokens) qualify
   everywhere, so they go to the best holder, or by load when nobody holds any.
+
+Where kvsim differs from that source: production-stack's trie hashes 128-character chunks of the
+prompt text, kvsim's matches blocks; `prefixaware` with `--prefix-min-match-length` 0 (its
+default) never falls back, as here. `kvaware` asks LMCache for the instance holding the prompt
+and takes the first it names (kvsim: the most matched blocks); with no qualifier it hashes the
+session header when one is configured, else takes the endpoint with the lowest request rate
+(kvsim: the fewest active requests, a stand-in for the rate).
 
 The trie is a set of the hash chains routed to each replica (`BlockIndex`; a chain hash stands for
 its whole prefix), unbounded as production-stack's is unless `max_trie_blocks` > 0 caps it by LRU.
@@ -36,13 +46,13 @@ MODES = ("prefixaware", "loadaware", "kvaware")
 
 @dataclass(frozen=True)
 class ProductionStackParams:
-    mode: str = "prefixaware"
+    mode: str = "prefixaware"  # parser.py: --routing-logic has no default
     """prefixaware, loadaware or kvaware."""
-    beta: float = 1.0
+    beta: float = 1.0  # kvsim variant (no production-stack source)
     """loadaware: weight of the load's deviation from the mean."""
-    kv_threshold_tokens: int = 2000
+    kv_threshold_tokens: int = 2000  # parser.py: --kv-aware-threshold default 2000
     """kvaware: a replica holding all but this many prompt tokens is preferred."""
-    max_trie_blocks: int = 0
+    max_trie_blocks: int = 0  # routing_logic.py PrefixAwareRouter: no eviction
     """prefixaware/loadaware: blocks each replica's trie keeps (LRU); 0 = unbounded."""
 
     def __post_init__(self) -> None:

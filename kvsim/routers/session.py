@@ -29,7 +29,7 @@ from kvsim.routers.base import ClusterView, Router, RouteRequest, check_param
 
 @dataclass(frozen=True)
 class SessionParams:
-    virtual_nodes: int = 160
+    virtual_nodes: int = 160  # uhashring ring.py HashRing: self._default_vnodes = 160
     """Points each replica owns on the ring; more points, more even spread."""
 
     def __post_init__(self) -> None:
