@@ -3,6 +3,7 @@ shipped subset of it.
 
     python benchmarks/fetch_aiconfigurator.py                 # download + verify into --dest
     python benchmarks/fetch_aiconfigurator.py --make-subset   # ... and rewrite the subset
+    python benchmarks/fetch_aiconfigurator.py --check-interpolation  # GEMM interpolation error
 
 The wheel (Apache-2.0, https://pypi.org/project/aiconfigurator-core/) is 82 MB; kvsim ships only
 the rows its catalog models need in benchmarks/data/aiconfigurator/ (PROVENANCE.md there says
@@ -232,12 +233,47 @@ def make_subset(wheel: Path, out: Path) -> None:
     print(f"{out}: {len(files)} tables, {total / 1e6:.2f} MB of Parquet")
 
 
+def check_interpolation(wheel: Path) -> None:
+    """Hold out each interior n of the bf16 GEMM grid (m <= 8192, every third k) and interpolate
+    it as import-aiconfigurator does, from the grid points two steps apart (twice the spacing
+    the import interpolates across): median and 90th-percentile |error|. Reports, asserts
+    nothing."""
+    from kvsim.calibrate.aiconfigurator_data import open_database
+    from kvsim.calibrate.aiconfigurator_import import gemm_curve
+
+    db = open_database(wheel)
+    for gpu, engine in (("h100_sxm", "vllm"), ("b200_sxm", "sglang"), ("a100_sxm", "trtllm")):
+        g = db.gemm(gpu, engine)
+        g = g[(g["dtype"] == "bfloat16") & (g["m"] <= MAX_M)]
+        ns = np.unique(g["n"])
+        errors: list[float] = []
+        for n in ns[1:-1]:
+            rest = g[g["n"] != n]
+            for k in np.unique(g["k"])[::3]:
+                truth = g[(g["n"] == n) & (g["k"] == k)].groupby("m")["latency_s"].median()
+                got = gemm_curve(rest[rest["k"] == k], int(n), int(k))
+                if got is None or truth.empty:
+                    continue
+                tokens, seconds, _ = got
+                t = truth.reindex(tokens).to_numpy()
+                ok = np.isfinite(t)
+                errors += list(np.abs(np.array(seconds)[ok] / t[ok] - 1))
+        e = np.array(errors)
+        print(
+            f"{gpu} {engine}: {len(e)} points, median |error| {np.median(e):.1%}, "
+            f"90th percentile {np.quantile(e, 0.9):.1%}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dest", type=Path, default=CACHE, help=f"wheel cache (default {CACHE})")
     parser.add_argument("--wheel", type=Path, default=None, help="use this wheel (verified)")
     parser.add_argument("--make-subset", action="store_true", help="rewrite the shipped subset")
     parser.add_argument("--out", type=Path, default=SUBSET, help=f"subset folder ({SUBSET})")
+    parser.add_argument(
+        "--check-interpolation", action="store_true", help="report GEMM interpolation error"
+    )
     args = parser.parse_args()
     if args.wheel is not None:
         got = sha256(args.wheel)
@@ -248,6 +284,8 @@ def main() -> None:
         wheel = fetch(args.dest)
     if args.make_subset:
         make_subset(wheel, args.out)
+    if args.check_interpolation:
+        check_interpolation(wheel)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ hand below, kvsim prices with it as a measured cost model, and bad input is one 
 from __future__ import annotations
 
 import hashlib
-import math
 import shutil
 from pathlib import Path
 
@@ -44,14 +43,15 @@ def test_gemm_exact_and_interpolated_shapes(imported):
     # and m factor 1 / 1.5 / 4: 3072 x 4096 x 1e-12 = 1.2582912e-5 s at m = 1
     assert gemm["qkv"]["tokens"] == [1, 16, 256]
     assert gemm["qkv"]["seconds"] == pytest.approx([1.2582912e-5, 1.8874368e-5, 5.0331648e-5])
-    # gate_up: n = 2 x 14336 / 2 = 14336 between 12288 (1e-12 s an element) and 16384 (2e-12):
-    # w = ln(14336/12288) / ln(16384/12288) = 0.1541507 / 0.2876821 = 0.5358423;
-    # (1 + w) e-12 x 14336 x 4096 = 1.5358423e-12 x 58720256 = 9.0184738e-5 s at m = 1
-    assert gemm["gate_up"]["seconds"][0] == pytest.approx(9.0184738e-5, rel=1e-7)
-    assert gemm["gate_up"]["seconds"][2] == pytest.approx(4 * 9.0184738e-5, rel=1e-7)
-    # down: k = 7168 between 4096 (3e-12) and 8192 (1e-12): w = ln(1.75) / ln(2) = 0.8073549;
-    # (3 - 2 w) e-12 x 4096 x 7168 = 1.3852903e-12 x 29360128 = 4.0672296e-5 s at m = 1
-    assert gemm["down"]["seconds"][0] == pytest.approx(4.0672296e-5, rel=1e-7)
+    # gate_up: n = 2 x 14336 / 2 = 14336, halfway between 12288 and 16384 at k 4096 (bilinear
+    # in n and k): (12288 x 4096 x 1e-12 + 16384 x 4096 x 2e-12) / 2
+    # = (5.0331648e-5 + 1.34217728e-4) / 2 = 9.2274688e-5 s at m = 1
+    assert gemm["gate_up"]["seconds"][0] == pytest.approx(9.2274688e-5, rel=1e-9)
+    assert gemm["gate_up"]["seconds"][2] == pytest.approx(4 * 9.2274688e-5, rel=1e-9)
+    # down: k = 7168, three quarters of the way from 4096 (3e-12 s an element) to 8192 (1e-12):
+    # 0.25 x 4096 x 4096 x 3e-12 + 0.75 x 4096 x 8192 x 1e-12
+    # = 1.2582912e-5 + 2.5165824e-5 = 3.7748736e-5 s at m = 1
+    assert gemm["down"]["seconds"][0] == pytest.approx(3.7748736e-5, rel=1e-9)
     # o: n 4096 x k 2048 measured at 2e-12 s an element: 1.6777216e-5 s
     assert gemm["o"]["seconds"][0] == pytest.approx(1.6777216e-5)
     assert [gemm[r]["calls"] for r in ("qkv", "o", "gate_up", "down", "lm_head")] == [32] * 4 + [1]
@@ -129,11 +129,11 @@ def test_interpolation_helpers():
     rows = pd.DataFrame(
         {"m": [1, 1], "n": [64, 128], "k": [32, 32], "latency_s": [64 * 32e-12, 128 * 32 * 4e-12]}
     )
-    # n 90 between 64 (1e-12 an element) and 128 (4e-12): w = ln(90/64) / ln 2
-    w = math.log(90 / 64) / math.log(2)
+    # n 90 between 64 and 128: w = 26 / 64 = 0.40625;
+    # 0.59375 x 2.048e-9 + 0.40625 x 1.6384e-8 = 1.216e-9 + 6.656e-9 = 7.872e-9 s
     tokens, seconds, how = gemm_curve(rows, 90, 32)
     assert tokens == [1] and how.startswith("interpolated")
-    assert seconds[0] == pytest.approx(90 * 32 * (1 + 3 * w) * 1e-12)
+    assert seconds[0] == pytest.approx(7.872e-9, rel=1e-9)
 
 
 def _broken(tmp_path: Path, gpu: str = "h100_sxm") -> Path:
