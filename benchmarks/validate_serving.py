@@ -122,6 +122,8 @@ class Point:
     output_tokens: int = 0
     input_min_tokens: int = 0
     input_max_tokens: int = 0
+    output_min_tokens: int = 0  # uniform workload: outputs uniform in [min, max] when given
+    output_max_tokens: int = 0
     rate_per_s: float = 0.0
     concurrency: int = 0
     num_prompts: int | None = None
@@ -148,7 +150,10 @@ class Point:
         if self.workload == "fixed":
             return f"{self.input_tokens}/{self.output_tokens}"
         if self.workload == "uniform":
-            return f"{self.input_min_tokens}-{self.input_max_tokens}/{self.output_tokens}"
+            out = str(self.output_tokens)
+            if self.output_max_tokens:
+                out = f"{self.output_min_tokens}-{self.output_max_tokens}"
+            return f"{self.input_min_tokens}-{self.input_max_tokens}/{out}"
         return self.workload
 
 
@@ -209,9 +214,12 @@ def load_dataset(path: Path = DATA) -> Dataset:
         needs = {"poisson": "rate_per_s", "concurrency": "concurrency"}.get(raw["arrival"])
         if needs and needs not in raw:
             raise ValueError(f"{path.name}: point {where}: {raw['arrival']} needs {needs}")
+        outputs = ("output_min_tokens", "output_max_tokens")
+        if not all(k in raw for k in outputs):
+            outputs = ("output_tokens",)
         lengths = {
             "fixed": ("input_tokens", "output_tokens"),
-            "uniform": ("input_min_tokens", "input_max_tokens", "output_tokens"),
+            "uniform": ("input_min_tokens", "input_max_tokens", *outputs),
         }.get(raw["workload"], ())
         if not all(raw.get(k) for k in lengths):
             raise ValueError(f"{path.name}: point {where}: {raw['workload']} needs {lengths}")
@@ -305,7 +313,10 @@ def build_trace(point: Point, n: int, sharegpt: ShareGPT | None, seed: int = 0) 
         outputs = np.full(n, point.output_tokens, dtype=np.int64)
     elif point.workload == "uniform":
         inputs = rng.integers(point.input_min_tokens, point.input_max_tokens + 1, n)
-        outputs = np.full(n, point.output_tokens, dtype=np.int64)
+        if point.output_max_tokens:
+            outputs = rng.integers(point.output_min_tokens, point.output_max_tokens + 1, n)
+        else:
+            outputs = np.full(n, point.output_tokens, dtype=np.int64)
     else:
         if sharegpt is None:
             raise ValueError(f"{point.id}: sharegpt workload but no [workloads.sharegpt] table")

@@ -227,6 +227,19 @@ def test_workloads_have_the_published_shape() -> None:
     uniform = _point(workload="uniform", input_min_tokens=100, input_max_tokens=200, num_prompts=9)
     lengths = vs.build_trace(uniform, 400, None).table.column("input_tokens").to_numpy()
     assert lengths.min() >= 100 and lengths.max() <= 200 and 130 < lengths.mean() < 170
+    ranged = vs.build_trace(
+        _point(
+            workload="uniform",
+            input_min_tokens=1,
+            input_max_tokens=8,
+            output_min_tokens=1,
+            output_max_tokens=1024,
+        ),
+        400,
+        None,
+    )
+    outs = ranged.table.column("output_tokens").to_numpy()
+    assert outs.min() >= 1 and outs.max() <= 1024 and 400 < outs.mean() < 620
     # a source's published ShareGPT means replace the file's
     source_means = {"url": "https://x", "sharegpt_input_mean_tokens": 207.0}
     data = vs.Dataset([], {"s": source_means}, data.sharegpt)
