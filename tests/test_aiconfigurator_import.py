@@ -181,3 +181,41 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, change, extra, message):
     assert message in stderr
     assert len(stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_trtllm_all_reduce_is_its_own(tmp_path):
+    """TensorRT-LLM's all-reduce op picks its strategy itself: its rows at every size (no NCCL
+    switch); where it has only its multi-node NVLink kernels, the faster of them per size."""
+    import pandas as pd
+
+    from kvsim.calibrate.aiconfigurator_data import open_database
+    from kvsim.calibrate.aiconfigurator_import import Request, _allreduce_table
+
+    root = _broken(tmp_path)
+    rows = [
+        ("TRTLLM", 2, 1024, 0.003),
+        ("TRTLLM", 2, 8 * 2**20, 0.090),  # 16 MiB: above vLLM's limit, still its own
+        ("TRTLLM_MNNVL_oneshot", 4, 1024, 0.005),
+        ("TRTLLM_MNNVL_twoshot", 4, 1024, 0.007),
+        ("TRTLLM_MNNVL_twoshot", 4, 4 * 2**20, 0.040),
+    ]
+    frame = pd.DataFrame(rows, columns=["kernel_source", "num_gpus", "message_size", "latency"])
+    frame["allreduce_dtype"] = "bfloat16"
+    frame["implementation"] = "trtllm"
+    folder = root / "aiconfigurator_core/systems/data/h100_sxm/comm/trtllm/1.3.0rc20"
+    folder.mkdir(parents=True)
+    frame.to_parquet(folder / "custom_allreduce_perf.parquet")
+    db = open_database(root)
+    model = load_model(MODEL)
+    table, how = _allreduce_table(db, Request("h100_sxm", "trtllm", model, 2))
+    assert (table, how) == (
+        {"bytes": [2048, 16 * 2**20], "seconds": pytest.approx([3e-6, 90e-6])},
+        "trtllm's own all-reduce",
+    )
+    table, how = _allreduce_table(db, Request("h100_sxm", "trtllm", model, 4))
+    # 2 KiB: oneshot's 5 us beats twoshot's 7 us; 8 MiB: only twoshot measured it
+    assert table == {"bytes": [2048, 8 * 2**20], "seconds": pytest.approx([5e-6, 40e-6])}
+    assert "trtllm_mnnvl_oneshot / trtllm_mnnvl_twoshot" in how
+    table, how = _allreduce_table(db, Request("h100_sxm", "trtllm", model, 8))
+    assert table is None
+    assert how == "no nccl or trtllm all-reduce rows at 8 GPUs (they have 2, 4)"

@@ -239,6 +239,11 @@ def _allreduce_table(db: KernelDatabase, req: Request) -> tuple[dict | None, str
     if limit is None:
         own = at[at["implementation"] == req.engine]
         how = f"{req.engine}'s own all-reduce"
+        if own.empty:  # e.g. GB300 at 8 GPUs: only TensorRT-LLM's multi-node NVLink kernels
+            variants = at[at["implementation"].str.startswith(req.engine + "_")]
+            names = sorted(set(variants["implementation"]))
+            own = variants.loc[variants.groupby("message_bytes")["latency_s"].idxmin()]
+            how = f"the faster per size of {req.engine}'s {' / '.join(names)}"
         if own.empty:
             own, how = nccl, f"NCCL ({req.engine} has no rows at {req.tp} GPUs)"
     else:
@@ -248,8 +253,13 @@ def _allreduce_table(db: KernelDatabase, req: Request) -> tuple[dict | None, str
         if custom.empty:
             own, how = nccl, f"NCCL ({req.engine}'s custom all-reduce has no rows at {req.tp} GPUs)"
     if own.empty:
-        have = ", ".join(str(v) for v in sorted(set(frame["num_gpus"].tolist())))
-        return None, f"no all-reduce rows at {req.tp} GPUs (the database has {have})"
+        kinds = {"nccl", req.engine} if limit is None else {"nccl", "custom_graph"}
+        usable = frame[frame["implementation"].isin(kinds)]
+        have = ", ".join(str(v) for v in sorted(set(usable["num_gpus"].tolist())))
+        return None, (
+            f"no {' or '.join(sorted(kinds))} all-reduce rows at {req.tp} GPUs (they have "
+            f"{have or 'none'})"
+        )
     series = own.groupby("message_bytes")["latency_s"].median()
     return {"bytes": [int(v) for v in series.index], "seconds": _seconds(series.to_numpy())}, how
 
