@@ -90,10 +90,12 @@ CUSTOM_MAX_BYTES = {
     "trtllm": 8 * MIB,
 }
 CUSTOM_MAX_SOURCE = {
-    "vllm": "vLLM custom_all_reduce.py: CustomAllreduce(max_size=8192 * 1024), used while "
-    "the input is smaller (should_custom_ar)",
-    "sglang": "assumption: SGLang's custom all-reduce derives from vLLM's and keeps its "
-    "8 MiB buffer",
+    "vllm": "assumption: vLLM's default, from its source: vllm/distributed/device_communicators/"
+    "custom_all_reduce.py: CustomAllreduce(max_size=8192 * 1024), taken while the input is "
+    "smaller (should_custom_ar); NCCL above",
+    "sglang": "assumption: SGLang's default, from its source: python/sglang/srt/distributed/"
+    "device_communicators/custom_all_reduce.py: CustomAllreduce._MAX_CAR_SIZE = 8192 * 1024 "
+    "on CUDA, taken while the input is smaller (should_custom_ar); NCCL above",
     "trtllm": "assumption: the 8 MiB of vLLM's; TensorRT-LLM's table meets NCCL's at 16-32 MiB",
 }
 #: Fit rows kept per family (every k-th of the sorted fit half): Nelder-Mead on ~35k GEMMs takes
@@ -657,36 +659,48 @@ def engine_toml(engine: str, t: Terms) -> str:
 
 
 def engine_sources(r: dict, doc_anchor: str) -> list[str]:
-    """The [sources] lines of one [engines.E] table."""
+    """The [sources] lines of one [engines.E] table: what each term is and which table of the
+    database it was fitted to."""
     e, t, vers = r["engine"], r["terms"], r["versions"]
-    where = f"{r['gpu']}, {e}" + (f" {vers.get('gemm', '')}".rstrip() if vers else "")
-    base = (
-        f"measured: benchmarks/fit_aiconfigurator.py on NVIDIA's AIConfigurator kernel database "
-        f"(aiconfigurator-core 0.12.0, Apache-2.0; {where}; CUDA-graph replay), fit on "
-        f"alternate shapes; held-out error in {doc_anchor}"
-    )
+
+    def measured(what: str, table: str) -> str:
+        return (
+            f"measured: {what}, fitted by benchmarks/fit_aiconfigurator.py to NVIDIA's "
+            f"AIConfigurator kernel database (aiconfigurator-core 0.12.0, Apache-2.0; {r['gpu']} "
+            f"{table} under {vers.get(table, e)}; CUDA-graph replay) on alternate shapes; "
+            f"held-out error in {doc_anchor}"
+        )
+
     what = {
-        "compute": "BF16 GEMM compute efficiency",
-        "memory": "BF16 GEMM memory efficiency (fitted, not held)",
-        "ridge_sharpness": "p-norm ridge of BF16 GEMMs",
-        "kernel_floor_s": "fixed cost per GEMM kernel",
-        "attention": "prefill (context) attention FLOP efficiency",
-        "attention_floor_s": "fixed cost per layer of prefill attention",
-        "decode_attention": "share of HBM bandwidth decode (generation) attention reaches",
-        "decode_attention_floor_s": "fixed cost per layer of decode attention",
+        "compute": ("BF16 GEMM compute efficiency", "gemm"),
+        "memory": ("BF16 GEMM memory efficiency (fitted, not held)", "gemm"),
+        "ridge_sharpness": ("p-norm ridge of BF16 GEMMs", "gemm"),
+        "kernel_floor_s": ("fixed cost per GEMM kernel", "gemm"),
+        "attention": ("prefill attention FLOP efficiency", "context attention"),
+        "attention_floor_s": ("fixed cost per layer of prefill attention", "context attention"),
+        "decode_attention": (
+            "share of HBM bandwidth decode attention reaches",
+            "generation attention",
+        ),
+        "decode_attention_floor_s": (
+            "fixed cost per layer of decode attention",
+            "generation attention",
+        ),
     }
     lines = []
-    for key, text in what.items():
-        src = base
-        if key.startswith("decode") and not r["measured"]["decode"]:
-            src = "assumption: no generation-attention table for this engine; GEMM memory terms"
-        if key.startswith("attention") and not r["measured"]["prefill"]:
-            src = "assumption: no context-attention table for this engine; current [efficiency]"
-        lines.append(f'"engines.{e}.{key}" = "{text}: {src}"')
+    for key, (text, table) in what.items():
+        src = measured(text, table)
+        if table == "generation attention" and not r["measured"]["decode"]:
+            src = f"assumption: no {table} table for {e} on {r['gpu']}; GEMM memory terms"
+        if table == "context attention" and not r["measured"]["prefill"]:
+            src = f"assumption: no {table} table for {e} on {r['gpu']}; current [efficiency]"
+        lines.append(f'"engines.{e}.{key}" = "{src}"')
     for a in t.allreduce:
+        table = "all-reduce" if a.name == "custom" else "nccl"
         kind = "the engine's graph-mode all-reduce" if a.name == "custom" else "NCCL (nccl-tests)"
         for key in ("latency", "latency_per_gpu", "bus_bandwidth"):
-            lines.append(f'"engines.{e}.allreduce.{a.name}.{key}" = "{kind} {key}: {base}"')
+            src = measured(f"{kind} {key.replace('_', ' ')}", table)
+            lines.append(f'"engines.{e}.allreduce.{a.name}.{key}" = "{src}"')
         if a.max_bytes is not None:
             src = CUSTOM_MAX_SOURCE[e]
             lines.append(f'"engines.{e}.allreduce.{a.name}.max_bytes" = "{src}"')
