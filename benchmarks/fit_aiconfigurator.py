@@ -30,6 +30,7 @@ moved. Errors are (kvsim - measured) / measured.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -133,6 +134,7 @@ def _seconds(df: pd.DataFrame) -> np.ndarray:
     return df["latency_s"].to_numpy(np.float64)
 
 
+@functools.cache
 def _head_cost(heads: int, kv_heads: int, head_dim: int, window: int) -> tuple[float, float]:
     """(FLOPs per query-key pair, KV bytes per token) of one layer of this head shape, from
     kvsim's own sizing of a one-layer model (BF16 KV)."""
