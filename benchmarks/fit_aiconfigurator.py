@@ -167,6 +167,8 @@ def prefill_points(df: pd.DataFrame) -> KernelPoints:
 #: pairs (FlashAttention-3 on H100 reaches 7-11 % of peak there against 30-50 % unwindowed),
 #: and kvsim's pair count cannot see that.
 MIN_PREFILL_WINDOW = 1024
+#: Prompt lengths the prefill rows are also reported by (held out only, full-size windows).
+PROMPT_BANDS = ((1, 512), (512, 2048), (2048, 8192), (8192, 1 << 30))
 
 
 def in_prefill_domain(df: pd.DataFrame) -> np.ndarray:
@@ -392,10 +394,18 @@ def current_terms(profile: HardwareProfile) -> tuple[KernelFit, KernelFit, Decod
     return gemm, att, dec
 
 
-def _rows(family: str, p: KernelPoints, fit_mask: np.ndarray, fitted, current) -> list[dict]:
+def _rows(
+    family: str,
+    p: KernelPoints,
+    fit_mask: np.ndarray,
+    fitted,
+    current,
+    halves: tuple[str, ...] = ("fit", "held out"),
+) -> list[dict]:
+    """Error rows of one family: the fitted and the current terms on each half asked for."""
     out = []
     for half, mask in (("fit", fit_mask), ("held out", ~fit_mask)):
-        if not mask.any() or (half == "fit" and "not fitted" in family):
+        if not mask.any() or half not in halves:
             continue
         q = p.take(mask)
         row = {"family": family, "half": half, "fitted": error_summary(fitted(q), q.seconds)}
@@ -434,17 +444,21 @@ def fit_engine(db: KernelDatabase, gpu: str, engine: str, profile: HardwareProfi
         domain = in_prefill_domain(ctx)
         afit = fit_prefill(thin(a.take(amask & domain)), peak, bw, gfit)
         att, att_floor = afit.compute, afit.floor_s
-        for family, keep in (
-            ("prefill attention", domain),
-            (f"prefill attention, windows < {MIN_PREFILL_WINDOW} (not fitted)", ~domain),
-        ):
+        isl = ctx["isl"].to_numpy()
+        parts = [("prefill attention", domain)]
+        for lo, hi in PROMPT_BANDS:  # held-out rows by prompt length: where the one term misses
+            band = f"{lo}-{hi - 1}" if hi < 1 << 30 else f">= {lo}"
+            parts.append((f"prefill attention, {band} tokens", domain & (isl >= lo) & (isl < hi)))
+        parts.append((f"prefill attention, windows < {MIN_PREFILL_WINDOW} (not fitted)", ~domain))
+        for family, keep in parts:
             if keep.any():
                 rows += _rows(
                     family,
                     a.take(keep),
-                    amask[keep] if keep is domain else np.zeros(int(keep.sum()), dtype=bool),
+                    amask[keep],
                     lambda q: afit.predict(q, peak, bw),
                     lambda q: cur_att.predict(q, peak, bw),
+                    halves=("fit", "held out") if keep is domain else ("held out",),
                 )
 
     dec, dec_floor = None, None
