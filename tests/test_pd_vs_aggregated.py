@@ -124,12 +124,16 @@ def test_crossover_is_the_first_rate_from_which_pd_stays_above() -> None:
     assert pva.crossover(rates, [0.5, 0.5, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]) == "never"
 
 
-def test_crossover_ignores_overloaded_points() -> None:
-    """5 % against 3 % at a rate both modes are swamped by is no crossover."""
+def test_crossover_needs_a_margin_and_ignores_overload() -> None:
     rates = [1.0, 2.0, 3.0, 4.0]
+    # 100 % against 99.5 % is a tie, not a crossover
+    assert pva.crossover(rates, [1.0, 1.0, 0.2, 0.1], [0.995, 0.995, 0.9, 0.5]) == "never"
+    # 5 % against 3 % where both are swamped is no crossover either
     assert pva.crossover(rates, [0.9, 0.3, 0.05, 0.04], [1.0, 0.6, 0.03, 0.02]) == "never"
-    # points past the useful range do not undo a crossover inside it
+    # and points where both are swamped do not undo one inside the useful range
     assert pva.crossover(rates, [0.9, 0.8, 0.02, 0.01], [0.8, 0.7, 0.03, 0.02]) == "1"
+    # P/D falling below 50 % while aggregated still serves is not skipped
+    assert pva.crossover(rates, [1.0, 0.3, 0.1, 0.05], [0.9, 0.9, 0.4, 0.1]) == "never"
 
 
 def test_lengths_follow_distserves_rules_and_the_seed() -> None:
