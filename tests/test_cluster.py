@@ -17,7 +17,7 @@ from helpers import Req, make_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsim.costmodel import RooflineCostModel
+from kvsim.costmodel import make_cost_model
 from kvsim.engine import EngineConfig, simulate
 from kvsim.engine.scheduler import Scheduler
 from kvsim.hardware import load_profile
@@ -31,6 +31,7 @@ MODEL = load_model("llama-3.1-8b")
 PROFILE = load_profile("h100-sxm")
 # the profile the digests below were taken with (issue 11 changed the shipped one's tier numbers)
 PINNED_PROFILE = str(Path(__file__).parent / "data" / "h100-sxm-before-issue-11.toml")
+PINNED_ENGINE = str(Path(__file__).parent / "data" / "engine-before-profiles.toml")
 
 
 def digest(table) -> str:
@@ -55,7 +56,9 @@ BEFORE_CLUSTERS = {
             rate=0.1,  # agentic's default rate when this digest was taken (issue 13 doubled it)
             hardware=PINNED_PROFILE,
             max_requests=300,
-            engine=EngineConfig(num_gpu_blocks=2500, tiers="hbm,dram,nvme,rdma"),
+            engine=EngineConfig(
+                num_gpu_blocks=2500, tiers="hbm,dram,nvme,rdma", engine=PINNED_ENGINE
+            ),
         ),
         "370e8402186eef39",
     ),
@@ -64,7 +67,9 @@ BEFORE_CLUSTERS = {
             trace="mooncake-conversation",
             hardware=PINNED_PROFILE,
             max_requests=300,
-            engine=EngineConfig(policy="hbm=belady,dram=arc", rope_reuse=True),
+            engine=EngineConfig(
+                policy="hbm=belady,dram=arc", rope_reuse=True, engine=PINNED_ENGINE
+            ),
         ),
         "229c0d211fb6e76c",
     ),
@@ -258,7 +263,7 @@ def test_session_and_kv_aware_routers_beat_round_robin_on_agentic():
 
 # -- P/D ---------------------------------------------------------------------------------------
 def test_lone_pd_request_ttft_is_prefill_transfer_first_decode_step():
-    cost = RooflineCostModel(MODEL, PROFILE)
+    cost = make_cost_model(MODEL, PROFILE)
     tokens = 3000
     result, rows = sim([Req([(1, tokens)], output_tokens=4)], pd="1:1")
     nbytes = tokens * kv_bytes_per_token(MODEL, "bf16", 1)
@@ -415,7 +420,7 @@ def test_cluster_run_on_the_command_line(tmp_path):
 def test_a_burst_still_in_the_front_end_is_spread_by_load_aware_routers():
     # four prompts arrive together; while each spends the front end's overhead before queueing,
     # the router must already count it, or all four go to the first idle replica
-    assert PROFILE.efficiency.request_overhead_s > 0
+    assert make_cost_model(MODEL, PROFILE).request_overhead_s > 0
     reqs = [Req([(i + 1, 2000)], 10, arrival_s=0.0) for i in range(4)]
     for router in ("min-ttft", "least-loaded"):
         _, rows = sim(reqs, replicas=4, router=router)
@@ -426,7 +431,7 @@ def test_min_ttft_prices_a_prefill_beside_the_replicas_running_decodes():
     from kvsim.engine.cluster import batch_prefill_s
     from kvsim.routers import ReplicaLoad
 
-    cost = RooflineCostModel(MODEL, PROFILE)
+    cost = make_cost_model(MODEL, PROFILE)
 
     def load(running: int) -> ReplicaLoad:
         return ReplicaLoad(0, 0, "mixed", 0, running, 0, running * 64, 0.5, 10_000)

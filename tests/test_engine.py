@@ -11,7 +11,7 @@ from helpers import Req, make_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsim.costmodel import RooflineCostModel
+from kvsim.costmodel import make_cost_model
 from kvsim.engine import EngineConfig, simulate
 from kvsim.engine import scheduler as scheduler_module
 from kvsim.hardware import load_profile
@@ -29,14 +29,14 @@ def run(reqs, **engine):
 
 
 def test_lone_request_ttft_equals_prefill_time():
-    cost = RooflineCostModel(MODEL, PROFILE)
+    cost = make_cost_model(MODEL, PROFILE)
     _, rows = run([Req([(1, 3000)], output_tokens=1)])
     front_end = cost.request_overhead_s  # API server and tokenisation, before the queue
     assert rows["ttft_s"][0] == pytest.approx(cost.prefill_time_s(3000) + front_end, rel=1e-12)
 
 
 def test_lone_request_chunked_prefill_sums_chunks():
-    cost = RooflineCostModel(MODEL, PROFILE)
+    cost = make_cost_model(MODEL, PROFILE)
     _, rows = run([Req([(1, 5000)], output_tokens=1)], max_num_batched_tokens=2048)
     expected = cost.prefill_time_s(5000, chunk=2048)
     assert rows["ttft_s"][0] == pytest.approx(expected + cost.request_overhead_s, rel=1e-12)
@@ -45,7 +45,7 @@ def test_lone_request_chunked_prefill_sums_chunks():
 
 
 def test_lone_request_e2e_is_prefill_plus_decode_steps():
-    cost = RooflineCostModel(MODEL, PROFILE)
+    cost = make_cost_model(MODEL, PROFILE)
     _, rows = run([Req([(1, 1000)], output_tokens=50)])
     decode = cost.decode_run_ends_s(np.array([1000.0]), 49)[-1]
     e2e = cost.request_overhead_s + cost.prefill_time_s(1000) + decode

@@ -18,7 +18,10 @@ from kvsim.hardware import (
 )
 from kvsim.hardware.show import format_profile, format_profile_list
 
-SHIPPED = ["a100-80gb", "b200", "gb200", "h100-sxm", "h200-sxm", "mi300x"]
+SHIPPED = [
+    "a100-80gb", "b200", "b300", "gb200", "gb300", "h100-sxm", "h200-sxm", "l40s", "mi300x",
+    "rtx-pro-6000",
+]  # fmt: skip
 # measured profiles shipped in hardware_profiles/measured/ (tests/test_import_vidur.py checks them)
 MEASURED = ["measured/a100-80gb-vidur-llama-2-70b-tp2"]
 H100_TEXT = (profiles_dir() / "h100-sxm.toml").read_text()

@@ -36,7 +36,12 @@ def _import(capsys, folder: Path, out: Path, *extra: str, tp: int = 2, model: st
 
 def _cost(out: Path, tp: int = 2) -> MeasuredCostModel:
     cost = make_cost_model(
-        load_model("llama-2-70b"), load_profile(out), tp=tp, weight_dtype="fp16", kv_dtype="bf16"
+        load_model("llama-2-70b"),
+        load_profile(out),
+        tp=tp,
+        weight_dtype="fp16",
+        kv_dtype="bf16",
+        engine=None,
     )
     assert isinstance(cost, MeasuredCostModel), cost.reason
     return cost
@@ -235,7 +240,7 @@ def test_shipped_vidur_profiles_carry_provenance_and_price_their_model(path: Pat
     assert "Copyright (c) Microsoft Corporation" in path.read_text()
     assert m["filled_from_roofline"] == ["gemm.lm_head"]  # the rest is Vidur's
     model = load_model(m["model"])
-    cost = make_cost_model(model, profile, tp=m["tp"], weight_dtype=model.weight_dtype)
+    cost = make_cost_model(model, profile, tp=m["tp"], weight_dtype=model.weight_dtype, engine=None)
     assert cost.kind == "measured" and cost.allreduce is not None
 
 

@@ -132,9 +132,9 @@ def _profile(model, factor: float = 2.0):
 
 
 def test_measured_tables_change_iteration_times(tiny) -> None:
-    slow = make_cost_model(tiny, _profile(tiny, 2.0))
-    slower = make_cost_model(tiny, _profile(tiny, 4.0))
-    roofline = make_cost_model(tiny, dataclasses.replace(_profile(tiny), measured={}))
+    slow = make_cost_model(tiny, _profile(tiny, 2.0), engine=None)
+    slower = make_cost_model(tiny, _profile(tiny, 4.0), engine=None)
+    roofline = make_cost_model(tiny, dataclasses.replace(_profile(tiny), measured={}), engine=None)
     assert (slow.kind, slower.kind, roofline.kind) == ("measured", "measured", "roofline")
     assert isinstance(roofline, RooflineCostModel) and "no measured tables" in roofline.reason
     batch = ([(64, 0)], [256] * 4)
@@ -151,7 +151,7 @@ def test_measured_tables_change_iteration_times(tiny) -> None:
 
 
 def test_decode_runs_match_single_iterations(tiny) -> None:
-    cost = make_cost_model(tiny, _profile(tiny))
+    cost = make_cost_model(tiny, _profile(tiny), engine=None)
     contexts = np.array([100, 300, 700])
     ends = cost.decode_run_ends_s(contexts, 5)
     steps = [cost.iteration_time_s([], contexts + k) for k in range(5)]
@@ -164,8 +164,8 @@ def test_decode_runs_match_single_iterations(tiny) -> None:
 def test_a_batch_priced_from_its_summed_reads_equals_one_priced_per_sequence(tiny) -> None:
     """quant's iterations and runs pass the batch's summed reads (`decode_total`, `total`):
     a model without windows prices them as it prices the contexts themselves."""
-    measured = make_cost_model(tiny, _profile(tiny))
-    roofline = make_cost_model(tiny, dataclasses.replace(_profile(tiny), measured={}))
+    measured = make_cost_model(tiny, _profile(tiny), engine=None)
+    roofline = make_cost_model(tiny, dataclasses.replace(_profile(tiny), measured={}), engine=None)
     contexts = [100, 300, 700, 2048]
     reads = [3 * c for c in contexts]  # what the sequences read, e.g. in equivalent tokens
     for cost in (measured, roofline):
@@ -190,7 +190,7 @@ def test_beyond_the_tables_each_family_is_the_roofline_models_kernel_terms(tiny)
     from kvsim.costmodel.roofline import model_elementwise_bytes_per_token
 
     profile = _profile(tiny, 2.0)
-    cost = make_cost_model(tiny, profile)
+    cost = make_cost_model(tiny, profile, engine=None)
     assert isinstance(cost, MeasuredCostModel)
     rates = KernelRates.of(profile, "bf16")
     assert rates == cost.roofline.rates
@@ -220,9 +220,9 @@ def test_beyond_the_tables_each_family_is_the_roofline_models_kernel_terms(tiny)
 
 def test_tables_for_another_model_fall_back_to_the_roofline(tiny) -> None:
     other = load_model("qwen2.5-0.5b")
-    cost = make_cost_model(other, _profile(tiny))
+    cost = make_cost_model(other, _profile(tiny), engine=None)
     assert cost.kind == "roofline" and "tiny-test" in cost.reason
-    assert make_cost_model(tiny, _profile(tiny), tp=2).kind == "roofline"
+    assert make_cost_model(tiny, _profile(tiny), tp=2, engine=None).kind == "roofline"
 
 
 def test_transfer_model_uses_measured_copies(tiny) -> None:
@@ -251,7 +251,7 @@ def test_a_good_measured_profile_loads(tmp_path: Path, tiny) -> None:
     doc = _measured(tiny, None, 2.0) | {"rounds": 5, "scrub_bytes": 1 << 20}  # provenance
     path = _write(tmp_path, doc)
     profile = validate_profile(path)
-    assert make_cost_model(tiny, profile).kind == "measured"
+    assert make_cost_model(tiny, profile, engine=None).kind == "measured"
 
 
 def _drop(doc: dict, *keys: str) -> dict:
@@ -363,8 +363,12 @@ AR = {"bytes": [512, 8192, 131072, 2097152], "seconds": [2e-5, 2.2e-5, 3e-5, 1.2
 
 def test_allreduce_table_prices_the_tp_all_reduces(tiny) -> None:
     base = load_profile("h100-sxm")
-    with_table = make_cost_model(tiny, dataclasses.replace(base, measured=_tp2(tiny, AR)), tp=2)
-    without = make_cost_model(tiny, dataclasses.replace(base, measured=_tp2(tiny, None)), tp=2)
+    with_table = make_cost_model(
+        tiny, dataclasses.replace(base, measured=_tp2(tiny, AR)), tp=2, engine=None
+    )
+    without = make_cost_model(
+        tiny, dataclasses.replace(base, measured=_tp2(tiny, None)), tp=2, engine=None
+    )
     assert isinstance(with_table, MeasuredCostModel) and isinstance(without, MeasuredCostModel)
     calls = 2 * tiny.num_layers
     bytes_per_token = tiny.hidden_size * 2
@@ -389,15 +393,18 @@ def test_allreduce_table_prices_the_tp_all_reduces(tiny) -> None:
 
 
 def test_tp1_tables_have_no_all_reduce(tiny) -> None:
-    cost = make_cost_model(tiny, _profile(tiny))
+    cost = make_cost_model(tiny, _profile(tiny), engine=None)
     assert float(cost.allreduce_time_s(1000)) == 0.0
 
 
 def test_fp16_tables_price_bf16_kv(tiny) -> None:
     doc = _measured(tiny, None, 2.0) | {"dtype": "fp16", "kv_dtype": "fp16"}
     profile = dataclasses.replace(load_profile("h100-sxm"), measured=doc)
-    assert make_cost_model(tiny, profile, weight_dtype="fp16", kv_dtype="bf16").kind == "measured"
-    fp8 = make_cost_model(tiny, profile, weight_dtype="fp16", kv_dtype="fp8")
+    assert (
+        make_cost_model(tiny, profile, weight_dtype="fp16", kv_dtype="bf16", engine=None).kind
+        == "measured"
+    )
+    fp8 = make_cost_model(tiny, profile, weight_dtype="fp16", kv_dtype="fp8", engine=None)
     assert fp8.kind == "roofline" and "kv dtype fp16, not fp8" in fp8.reason
 
 
@@ -431,6 +438,6 @@ def test_bad_allreduce_and_provenance_fields(tmp_path: Path, tiny, doc, expected
 def test_allreduce_and_provenance_load_from_a_file(tmp_path: Path, tiny) -> None:
     doc = _tp2(tiny, AR) | {"source": "https://example.org", "filled_from_roofline": ["x"]}
     profile = validate_profile(_write(tmp_path, doc))
-    cost = make_cost_model(tiny, profile, tp=2)
+    cost = make_cost_model(tiny, profile, tp=2, engine=None)
     assert isinstance(cost, MeasuredCostModel) and cost.allreduce is not None
     assert cost.tables.extra["filled_from_roofline"] == ["x"]

@@ -51,7 +51,6 @@ fp8 = 1000e12
 [efficiency]
 compute = 0.7
 memory = 0.85
-iteration_overhead_s = 0.002
 
 [[tiers]]
 name = "hbm"
@@ -86,7 +85,6 @@ enabled = true
 "gpu.flops.fp8" = "assumption: made up; twice BF16, as FP8 tensor cores give"
 "efficiency.compute" = "assumption: 70 % of peak in GEMMs, below the H100's fitted 0.76"
 "efficiency.memory" = "assumption: 85 % of peak HBM bandwidth, near the shipped 0.9"
-"efficiency.iteration_overhead_s" = "assumption: ~2 ms per iteration, as the shipped take"
 "tiers.hbm.capacity" = "assumption: 4 GPUs x 64 GB"
 "tiers.hbm.read_bandwidth" = "assumption: the GPU's HBM bandwidth"
 "tiers.hbm.write_bandwidth" = "assumption: the GPU's HBM bandwidth"

@@ -45,6 +45,7 @@ from kvsim.calibrate.vidur_import import (
 from kvsim.costmodel.family_rooflines import elementwise_roofline, gemm_roofline
 from kvsim.costmodel.kernels import KernelRates
 from kvsim.costmodel.shapes import gemm_shapes, supported
+from kvsim.engines import load_engine
 from kvsim.errors import ConfigError
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec, kv_heads_per_rank
@@ -333,8 +334,12 @@ def import_aiconfigurator(
         else:
             notes.append(f"allreduce: {how}")
     overhead = base.efficiency.iteration_overhead_s
+    where = "the base profile's iteration_overhead_s"
+    if overhead is None:  # the CPU side is the serving engine's (kvsim.engines)
+        engine = load_engine(req.engine)
+        overhead, where = engine.iteration_overhead_s, f"engine {engine.full_name}'s"
     notes.append(
-        f"overhead_s {overhead * 1e3:.3f} ms: the base profile's iteration_overhead_s "
+        f"overhead_s {overhead * 1e3:.3f} ms: {where} iteration_overhead_s "
         "(the database times kernels only)"
     )
     prov = db.provenance()

@@ -42,6 +42,7 @@ from kvsim.calibrate.vidur import (
 from kvsim.costmodel.family_rooflines import LayerAttention as _Attention
 from kvsim.costmodel.kernels import KernelRates
 from kvsim.costmodel.shapes import gemm_shapes, supported
+from kvsim.engines import load_engine
 from kvsim.errors import ConfigError
 from kvsim.hardware.attention_pairs import causal_pairs as _pairs
 from kvsim.hardware.profile import HardwareProfile
@@ -334,16 +335,21 @@ def _allreduce_table(files: VidurFiles, tp: int) -> tuple[dict | None, str | Non
 
 
 def _overhead_s(files: VidurFiles, model: ModelSpec, tp: int, base: HardwareProfile) -> tuple:
-    """(seconds, where from): Vidur's CPU overheads for this model and TP, else the base's."""
+    """(seconds, where from): Vidur's CPU overheads for this model and TP, else the base's, else
+    that of vLLM 0.6 (kvsim.engines), the era Vidur profiled."""
     fallback = base.efficiency.iteration_overhead_s
+    source = "base profile's iteration_overhead_s"
+    if fallback is None:
+        fallback = load_engine("vllm@0.6").iteration_overhead_s
+        source = "engine profile vllm@0.6's iteration_overhead_s"
     if files.overheads is None:
-        return fallback, "base profile's iteration_overhead_s (no cpu_overheads.csv)"
+        return fallback, f"{source} (no cpu_overheads.csv)"
     frame = _read(files.overheads, [*OVERHEAD_COLUMNS, "model_name", "tensor_parallel_degree"])
     rows = frame[(frame.model_name == model.hf_config) & (frame.tensor_parallel_degree == tp)]
     if rows.empty:
         return (
             fallback,
-            f"base profile's iteration_overhead_s (cpu_overheads.csv: no rows for tp {tp})",
+            f"{source} (cpu_overheads.csv: no rows for tp {tp})",
         )
     per_row = rows[list(OVERHEAD_COLUMNS)].to_numpy(dtype=np.float64).sum(axis=1) * 1e-3
     return float(np.median(per_row)), "cpu_overheads.csv: median over batch sizes"

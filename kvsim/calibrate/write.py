@@ -205,7 +205,11 @@ def profile_toml(p: HardwareProfile) -> str:
         "efficiency": {
             "compute": p.efficiency.compute,
             "memory": p.efficiency.memory,
-            "iteration_overhead_s": p.efficiency.iteration_overhead_s,
+            **(
+                {"iteration_overhead_s": p.efficiency.iteration_overhead_s}
+                if p.efficiency.iteration_overhead_s is not None
+                else {}
+            ),
         },
     }
     lines = [

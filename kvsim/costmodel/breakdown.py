@@ -69,7 +69,7 @@ def iteration_breakdown(
     parts["waiting on eager launches"] = 0.0
     parts["engine CPU (not overlapped)"] = total - gpu
     clock = roof.clock
-    if tokens > clock.graph_max_tokens and gpu < clock.launch_floor_s:
+    if cost is roof and tokens > clock.graph_max_tokens and gpu < clock.launch_floor_s:
         parts["waiting on eager launches"] = clock.launch_floor_s - gpu
         parts["engine CPU (not overlapped)"] = total - clock.launch_floor_s
     return Breakdown(label, tokens, roof.weight_bytes / r.bytes_per_s, parts, total)

@@ -23,14 +23,16 @@ from kvsim.hardware.profile import HardwareProfile
 
 def under_engine(profile: HardwareProfile, engine: EngineProfile | None) -> HardwareProfile:
     """``profile`` as its kernels run under ``engine``: the ``[engines.NAME]`` kernel terms the
-    engine asks for replace [efficiency]'s, its CPU terms come from the engine profile (unless
-    those kernel terms name their own), and only its all-reduce implementations remain."""
+    engine asks for replace [efficiency]'s, its CPU terms come from the engine profile unless
+    the hardware profile gives its own (measured on that host, or in [engines.NAME]), and only
+    its all-reduce implementations remain."""
     if engine is None:
         return profile
     kernels = profile.engines.get(engine.kernels) if engine.kernels else None
     terms = dict(kernels.efficiency) if kernels is not None else {}
-    terms.setdefault("iteration_overhead_s", engine.iteration_overhead_s)
-    terms.setdefault("request_overhead_s", engine.request_overhead_s)
+    for key in ("iteration_overhead_s", "request_overhead_s"):
+        if getattr(profile.efficiency, key) is None:
+            terms.setdefault(key, getattr(engine, key))
     algorithms = profile.allreduce
     if kernels is not None and kernels.allreduce:
         algorithms = kernels.allreduce
@@ -45,13 +47,16 @@ def under_engine(profile: HardwareProfile, engine: EngineProfile | None) -> Hard
 
 def kernel_terms_note(profile: HardwareProfile, engine: EngineProfile | None) -> str:
     """Where the run's kernel terms come from, for the summary and ``kvsim profile show``."""
+    own = [k for k in ("iteration_overhead_s", "request_overhead_s")
+           if getattr(profile.efficiency, k) is not None]  # fmt: skip
+    cpu = f"; {' and '.join(own)} from {profile.name} [efficiency]" if own and engine else ""
     if engine is None or not engine.kernels:
-        return f"{profile.name} [efficiency]"
+        return f"{profile.name} [efficiency]{cpu}"
     if engine.kernels in profile.engines:
-        return f"{profile.name} [engines.{engine.kernels}]"
+        return f"{profile.name} [engines.{engine.kernels}]{cpu}"
     return (
         f"{profile.name} [efficiency] (assumption: no kernel terms measured under "
-        f"{engine.kernels} for this GPU)"
+        f"{engine.kernels} for this GPU){cpu}"
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kvsim.costmodel.measured import MeasuredCostModel, mismatch
 from kvsim.costmodel.roofline import RooflineCostModel
-from kvsim.engines import EngineProfile
+from kvsim.engines import DEFAULT_ENGINE, EngineProfile, load_engine
 from kvsim.hardware.measured_tables import parse_measured, raise_config_error
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec
@@ -25,12 +25,15 @@ def make_cost_model(
     tp: int = 1,
     kv_dtype: str = "bf16",
     weight_dtype: str = "bf16",
-    engine: EngineProfile | None = None,
+    engine: EngineProfile | str | None = DEFAULT_ENGINE,
 ) -> CostModel:
     """The measured model when the profile has tables for this model, TP and dtype; else the
     roofline. Either has ``.kind`` ("measured" / "roofline") and ``.reason`` for the summary.
-    ``engine``: the serving engine whose kernel terms, all-reduce and CPU terms apply (None:
-    the hardware profile's own terms, as code that prices kernels without an engine wants)."""
+    ``engine``: the serving engine whose kernel terms, all-reduce and CPU terms apply, by
+    profile or name (default: the engine a run uses when none is named); None: the hardware
+    profile's own terms, as code that prices kernels without an engine wants."""
+    if isinstance(engine, str):
+        engine = load_engine(engine)
     if profile.measured:
         tables = parse_measured(profile.measured, raise_config_error)
         reason = mismatch(tables, model, tp, kv_dtype, weight_dtype)

@@ -90,12 +90,12 @@ class MeasuredCostModel(ChunkedPrefill):
         self.decode = RateGrid(
             np.array(d.batch), np.array(d.context), np.array(d.seconds), att.decode_roofline(rates)
         )
-        # the CPU time measured with the tables; the engine decides whether it overlaps the GPU
+        # the tables' CPU time per iteration; the engine says whether it overlaps the GPU's
+        # (measured tables replay graphs' kernel times: no eager launch floor is added)
         self.overhead_s = tables.overhead_s
         self.request_overhead_s = self.roofline.request_overhead_s
-        kernels = self.roofline.kernels_per_iteration
-        self.clock = IterationClock.of(engine, self.overhead_s, kernels)
-        self.plain_clock = self.roofline.plain_clock
+        overlap = engine is not None and engine.overlap_scheduling
+        self.clock = IterationClock(self.overhead_s, overlap)
         self.tp = tp
         # two all-reduces per layer (after attention, after the MLP) of tokens x hidden x 2 bytes
         self.allreduce_calls = 2 * model.num_layers
@@ -172,9 +172,9 @@ class MeasuredCostModel(ChunkedPrefill):
         elif n_decode:
             contexts = np.asarray(decode_contexts, dtype=np.float64)[None, :]
             total += float(self.decode_attention_s(contexts)[0])
-        if self.plain_clock:
-            return total + self.overhead_s
-        return self.clock.seconds(total, tokens)
+        if self.clock.overlap:
+            return self.clock.seconds(total, tokens)
+        return total + self.overhead_s
 
     def _mean_decode_s(self, n: int, mean: np.ndarray) -> np.ndarray:
         """Decode attention of `n` sequences of each `mean` context, over every attention
@@ -207,9 +207,9 @@ class MeasuredCostModel(ChunkedPrefill):
             attn = self.decode_attention_s(work)
         else:
             attn = self._mean_decode_s(n, float(np.mean(contexts)) + offsets)
-        if self.plain_clock:
-            return np.cumsum(fixed + attn)
-        return np.cumsum(self.clock.steps(linear + attn, n))
+        if self.clock.overlap:
+            return np.cumsum(self.clock.steps(linear + attn, n))
+        return np.cumsum(fixed + attn)
 
     def block_recompute_s(self, block_size: int) -> tuple[float, float]:
         """(base, per position) seconds to recompute one block inside a prefill, linearised

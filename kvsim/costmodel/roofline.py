@@ -122,9 +122,9 @@ class RooflineCostModel(ChunkedPrefill):
         self.compute_dtype = compute_dtype
         self.rates = KernelRates.of(profile, compute_dtype)
         eff = profile.efficiency
-        self.overhead_s = eff.iteration_overhead_s
+        self.overhead_s = eff.iteration_overhead_s or 0.0
         # API server, tokenisation, detokenisation: paid once per request, outside iterations
-        self.request_overhead_s = eff.request_overhead_s
+        self.request_overhead_s = eff.request_overhead_s or 0.0
         self.tp = tp
         self.layers = model.num_layers
         # every weight is read once per iteration, except the embedding table: a lookup reads

@@ -108,11 +108,7 @@ def resolve_engine(
         roles=roles,
         num_blocks=num_blocks,
         block_bytes=block_bytes,
-        warnings=(
-            *tiers.unused(enabled),
-            *router_warnings,
-            *_engine_warnings(profile, engine),
-        ),
+        warnings=(*tiers.unused(enabled), *router_warnings),
     )
 
 
@@ -133,18 +129,6 @@ def with_engine_defaults(config: EngineConfig, engine: EngineProfile) -> EngineC
     """`config` with each scheduler setting left unset taken from the engine profile."""
     unset = {k: v for k, v in engine.defaults.items() if getattr(config, k) is None}
     return dataclasses.replace(config, **unset) if unset else config
-
-
-def _engine_warnings(profile: HardwareProfile, engine: EngineProfile) -> list[str]:
-    """A hardware profile's own CPU terms are the engine profile's to give in a run."""
-    eff = profile.efficiency
-    return [
-        f"hardware profile {profile.name}: [efficiency] {key} is not used; the engine profile "
-        f"{engine.full_name} gives it ({getattr(engine, key) * 1e3:g} ms)"
-        for key in ("iteration_overhead_s", "request_overhead_s")
-        if getattr(eff, key) and not (engine.kernels in profile.engines
-                                      and key in profile.engines[engine.kernels].efficiency)
-    ]  # fmt: skip
 
 
 def check_fields(config: EngineConfig) -> None:

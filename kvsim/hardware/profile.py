@@ -49,16 +49,16 @@ class Efficiency:
 
     compute: float  # achieved / peak FLOP/s of GEMMs
     memory: float  # achieved / peak HBM bandwidth
-    # CPU time per engine iteration (schedule, prepare, sample); the engine profile's unless a
-    # hardware profile measured its own (kvsim calibrate)
-    iteration_overhead_s: float = 0.0
+    # CPU time per engine iteration (schedule, prepare, sample): None is the engine profile's
+    # (kvsim.engines); a hardware profile gives it where it measured its own (kvsim calibrate)
+    iteration_overhead_s: float | None = None
     attention: float | None = None  # achieved / peak FLOP/s of prefill attention (None: compute)
     ridge_sharpness: float = math.inf  # p of the p-norm joining compute and memory time
     kernel_floor_s: float = 0.0  # fixed cost of each GEMM or elementwise kernel
     attention_floor_s: float = 0.0  # fixed cost of one layer's attention kernel
     elementwise: float | None = None  # achieved / peak bandwidth of norms etc. (None: memory)
     elementwise_floor_s: float = 0.0  # fixed cost of each elementwise kernel
-    request_overhead_s: float = 0.0  # per request: API server, tokenise, detokenise
+    request_overhead_s: float | None = None  # per request: front end (None: the engine's)
     # decode attention is bandwidth-bound: the share of HBM bandwidth it reaches (None: the
     # old single attention term prices decode and prefill together), and its fixed cost
     decode_attention: float | None = None
