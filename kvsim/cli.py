@@ -846,11 +846,12 @@ def _format_iteration(
     from kvsim.costmodel.breakdown import format_breakdowns
     from kvsim.engine.config import EngineConfig
     from kvsim.engine.resolve import engine_profile
+    from kvsim.engines import DEFAULT_ENGINE
     from kvsim.models import load_model
 
     _positive("tp", tp)
     spec = load_model(model_name)
-    engine = engine_profile(EngineConfig(engine=engine_name or EngineConfig.engine))
+    engine = engine_profile(EngineConfig(engine=engine_name or DEFAULT_ENGINE))
     cost = make_cost_model(
         spec,
         hardware,
