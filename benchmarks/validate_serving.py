@@ -23,7 +23,7 @@ or closed-loop concurrencies) with TTFT, the load where TTFT first exceeds 3x it
 value (interpolated linearly between the loads that bracket it), published against kvsim's on the
 published loads plus a grid; the goal is within 15 %.
 
-    python benchmarks/validate_serving.py                  # table on stdout (~3 min on 2 cores)
+    python benchmarks/validate_serving.py                  # table on stdout (~7 min on 2 cores)
     python benchmarks/validate_serving.py --fit            # also the engine-profile lines to paste
     python benchmarks/validate_serving.py --engine-filter vllm@0.24,sglang   # a subset, quickly
     python benchmarks/validate_serving.py --out runs/val   # plus points.csv and report.md
