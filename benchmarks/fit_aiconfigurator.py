@@ -813,6 +813,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write every figure here")
     args = ap.parse_args()
     root, source = data_root(args.data)
+    source += f" (aiconfigurator-core {open_db(root).wheel_version})"
     print(f"# data: {source}", file=sys.stderr)
     results = run(root, args.gpu, args.engine)
     block = markdown(results, source)
