@@ -194,3 +194,45 @@ def test_the_breakdowns_parts_add_up_to_the_iteration(engine: str, tp: int) -> N
         b = iteration_breakdown(cost, label, list(prefill), list(decode))
         assert sum(b.parts_s.values()) == pytest.approx(b.total_s, rel=1e-9)
         assert min(b.parts_s.values()) >= -1e-12
+
+
+def test_a_short_prefill_chunk_runs_attention_below_the_long_chunks_efficiency() -> None:
+    """attention_ramp_tokens = 1,850: a 512-token chunk reaches 512 / 2,362 = 21.7 % of the
+    long-chunk efficiency's FLOP rate, so its attention FLOPs cost (512 + 1,850) / 512 = 4.61x
+    as long; a 16,384-token chunk (16,384 + 1,850) / 16,384 = 1.113x."""
+    ramped = make_cost_model(LLAMA_7B, _plain_h100(attention_ramp_tokens=1850.0), engine=_engine())
+    flat = make_cost_model(LLAMA_7B, _plain_h100(), engine=_engine())
+    for new, factor in ((512, 2362 / 512), (16384, 18234 / 16384)):
+        f_ramped, b_ramped = ramped._prefill_pairs_and_reads(new, 0)
+        f_flat, b_flat = flat._prefill_pairs_and_reads(new, 0)
+        assert f_ramped == pytest.approx(f_flat * factor, rel=1e-12)
+        assert b_ramped == b_flat  # bytes are what they are
+
+
+def test_decode_attention_pays_a_cost_per_sequence_per_layer() -> None:
+    """decode_attention_per_sequence_s = 50 ns: 256 sequences x 32 layers x 50 ns = 409.6 us on
+    top of the same step without it, in one iteration and in a coalesced run alike."""
+    hw = _plain_h100(decode_attention=1.0, decode_attention_per_sequence_s=50e-9)
+    without = _plain_h100(decode_attention=1.0)
+    engine = _engine(iteration_overhead_s=0.0)
+    with_cost = make_cost_model(LLAMA_7B, hw, engine=engine)
+    plain = make_cost_model(LLAMA_7B, without, engine=engine)
+    contexts = [1000] * 256
+    extra = 256 * 32 * 50e-9
+    assert with_cost.iteration_time_s([], contexts) - plain.iteration_time_s(
+        [], contexts
+    ) == pytest.approx(extra, rel=1e-9)
+    run = with_cost.decode_run_ends_s(np.array(contexts), 2) - plain.decode_run_ends_s(
+        np.array(contexts), 2
+    )
+    assert run == pytest.approx([extra, 2 * extra], rel=1e-9)
+
+
+def test_a_message_of_exactly_the_custom_limit_goes_to_nccl() -> None:
+    """vLLM takes a message for its custom all-reduce only while it is smaller than max_size
+    (`inp_size < max_size`): 8 MiB itself goes to NCCL."""
+    cost = make_cost_model(LLAMA_7B, _plain_h100(), tp=2, engine=_engine())
+    tokens = 8 * 2**20 // 8192  # 1,024 tokens of 4,096 bf16 values: exactly 8 MiB
+    assert cost.allreduce_iteration_s(tokens) == pytest.approx(
+        64 * (28e-6 + 8 * 2**20 / 350e9), rel=1e-12
+    )

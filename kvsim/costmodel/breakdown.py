@@ -91,10 +91,12 @@ def _attention(
         return 0.0, 0.0
     if not r.splits_attention:
         return float(roof._attention_s(pf + df, pb + db)), layers * r.attention_floor_s
+    per_sequence = layers * len(decode) * r.decode_attention_per_sequence_s
     if not prefill:
-        return float(r.decode_attention_s(df, db, layers)), layers * r.decode_attention_floor_s
-    floor = layers * max(r.attention_floor_s, r.decode_attention_floor_s)
-    return float(r.mixed_attention_s(pf, pb, df, db, layers)), floor
+        floor = layers * r.decode_attention_floor_s + per_sequence
+        return float(r.decode_attention_s(df, db, layers, len(decode))), floor
+    floor = layers * max(r.attention_floor_s, r.decode_attention_floor_s) + per_sequence
+    return float(r.mixed_attention_s(pf, pb, df, db, layers, len(decode))), floor
 
 
 def format_breakdowns(cost: CostModel, header: str) -> str:

@@ -85,10 +85,10 @@ def allreduce_s(
         if tp < a.min_gpus:
             continue
         t = a.latency_s + a.latency_per_gpu_s * (tp - 1) + moved / a.bus_bandwidth_bytes_per_s
-        if a.max_bytes is not None:  # a message above its limit goes to another algorithm
-            if np.ndim(t):
-                t = np.where(as_float(nbytes) > a.max_bytes, np.inf, t)
-            elif nbytes > a.max_bytes:
+        if a.max_bytes is not None:  # a message of its limit or more goes to another algorithm
+            if np.ndim(t):  # (vLLM and SGLang take a message only while inp_size < max_size)
+                t = np.where(as_float(nbytes) >= a.max_bytes, np.inf, t)
+            elif nbytes >= a.max_bytes:
                 continue
         best = t if best is None else np.minimum(best, t)
     if best is not None and np.ndim(best) and np.isinf(best).any():
@@ -122,6 +122,8 @@ class KernelRates:
     # prefill attention as one kernel, as before the engine profiles' kernel tables
     decode_attention_bytes_per_s: float | None = None
     decode_attention_floor_s: float = 0.0
+    decode_attention_per_sequence_s: float = 0.0
+    attention_ramp_tokens: float = 0.0
 
     @classmethod
     def of(cls, profile: HardwareProfile, compute_dtype: str = "bf16") -> KernelRates:
@@ -146,6 +148,8 @@ class KernelRates:
             decode_attention_floor_s=eff.attention_floor_s
             if eff.decode_attention_floor_s is None
             else eff.decode_attention_floor_s,
+            decode_attention_per_sequence_s=eff.decode_attention_per_sequence_s or 0.0,
+            attention_ramp_tokens=eff.attention_ramp_tokens or 0.0,
         )
 
     def gemm_s(self, flops, nbytes, kernels: float = 1.0):
@@ -165,15 +169,28 @@ class KernelRates:
         """Whether decode attention has terms of its own (`decode_attention_s`)."""
         return self.decode_attention_bytes_per_s is not None
 
-    def decode_attention_s(self, flops, nbytes, layers: float = 1.0):
-        """Decode attention over ``layers`` layers: bandwidth-bound, at the share of HBM
-        bandwidth decode kernels reach, with their own fixed cost per layer."""
+    def decode_attention_s(self, flops, nbytes, layers: float = 1.0, sequences: float = 0.0):
+        """Decode attention of ``sequences`` sequences over ``layers`` layers: bandwidth-bound,
+        at the share of HBM bandwidth decode kernels reach, with their own fixed cost per layer
+        and per sequence per layer."""
         assert self.decode_attention_bytes_per_s is not None
         memory = as_float(nbytes) / self.decode_attention_bytes_per_s
         compute = as_float(flops) / self.attention_flops_per_s
-        return layers * self.decode_attention_floor_s + blend(compute, memory, self.ridge)
+        fixed = layers * (
+            self.decode_attention_floor_s + sequences * self.decode_attention_per_sequence_s
+        )
+        return fixed + blend(compute, memory, self.ridge)
 
-    def mixed_attention_s(self, prefill_flops, prefill_bytes, decode_flops, decode_bytes, layers):
+    def prefill_flops_at_peak_rate(self, flops: float, new: int) -> float:
+        """A chunk of ``new`` tokens doing ``flops`` of attention, as the FLOPs it would take at
+        the efficiency long chunks reach (`attention_ramp_tokens`: short ones reach less)."""
+        if not self.attention_ramp_tokens or new <= 0:
+            return flops
+        return flops * (new + self.attention_ramp_tokens) / new
+
+    def mixed_attention_s(
+        self, prefill_flops, prefill_bytes, decode_flops, decode_bytes, layers, sequences=0.0
+    ):
         """Prefill chunks and decode sequences in one attention kernel per layer (vLLM V1's
         unified call): each part at its own rates, one fixed cost per layer, the larger."""
         memory = as_float(prefill_bytes) / self.bytes_per_s
@@ -181,7 +198,10 @@ class KernelRates:
         t = blend(compute, memory, self.ridge) + self.decode_attention_s(
             decode_flops, decode_bytes, 0.0
         )
-        return layers * max(self.attention_floor_s, self.decode_attention_floor_s) + t
+        per_sequence = layers * sequences * self.decode_attention_per_sequence_s
+        return (
+            layers * max(self.attention_floor_s, self.decode_attention_floor_s) + per_sequence + t
+        )
 
     def elementwise_s(self, nbytes, kernels: float):
         """Memory-bound passes (norms, RoPE, activation, residual adds) of ``kernels`` kernels."""

@@ -202,7 +202,7 @@ class RooflineCostModel(ChunkedPrefill):
                 read = context
             flops += pairs * g.prefill_flops_per_pair
             kv += (read + new) * g.kv_bytes_per_token + g.state_bytes_per_seq
-        return flops, kv
+        return self.rates.prefill_flops_at_peak_rate(flops, new), kv
 
     def _decode_work(self, contexts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Attention FLOPs and KV bytes of decode steps; `contexts` is (steps, sequences)."""
@@ -274,11 +274,11 @@ class RooflineCostModel(ChunkedPrefill):
             df, db = (0.0, 0.0)
             if len(decode_contexts):
                 df, db = self._decode_step_work(decode_contexts, decode_total)
+            n, layers = len(decode_contexts), self.attention_layers
             if not prefill:
-                attention = self.rates.decode_attention_s(df, db, self.attention_layers)
+                attention = self.rates.decode_attention_s(df, db, layers, n)
             else:
-                layers = self.attention_layers
-                attention = self.rates.mixed_attention_s(flops, nbytes, df, db, layers)
+                attention = self.rates.mixed_attention_s(flops, nbytes, df, db, layers, n)
             gpu = float(self.linear_s(tokens, sequences) + attention)
             return self.clock.seconds(gpu, tokens)
         if len(decode_contexts):
@@ -317,7 +317,7 @@ class RooflineCostModel(ChunkedPrefill):
             flops = attended * self.flops_per_pair
             nbytes = attended * self.kv_bytes_per_token + n * self.state_bytes_per_seq
         if self.rates.splits_attention:
-            attention = self.rates.decode_attention_s(flops, nbytes, self.attention_layers)
+            attention = self.rates.decode_attention_s(flops, nbytes, self.attention_layers, n)
         else:
             attention = self._attention_s(flops, nbytes)
         if self.plain_clock:

@@ -63,6 +63,11 @@ class Efficiency:
     # old single attention term prices decode and prefill together), and its fixed cost
     decode_attention: float | None = None
     decode_attention_floor_s: float | None = None
+    # FlashAttention's prefill efficiency rises with the chunk's length n: it reaches
+    # `attention` x n / (n + attention_ramp_tokens) (None: `attention` at any length)
+    attention_ramp_tokens: float | None = None
+    # decode attention's cost per sequence per layer, beyond its KV reads (None: 0)
+    decode_attention_per_sequence_s: float | None = None
 
     @property
     def attention_or_compute(self) -> float:

@@ -74,6 +74,7 @@ _EFFICIENCY_SECONDS = (
     "attention_floor_s",
     "elementwise_floor_s",
     "decode_attention_floor_s",
+    "decode_attention_per_sequence_s",
     "iteration_overhead_s",
     "request_overhead_s",
 )
@@ -333,12 +334,17 @@ def _efficiency_terms(r: _Reader, eff: dict[str, Any], prefix: str) -> dict[str,
         terms["ridge_sharpness"] = r.number(
             eff, "ridge_sharpness", f"{prefix}ridge_sharpness", low=1.0
         )
+    if "attention_ramp_tokens" in eff:  # a chunk length: tokens, not seconds
+        terms["attention_ramp_tokens"] = r.number(
+            eff, "attention_ramp_tokens", f"{prefix}attention_ramp_tokens"
+        )
     return terms
 
 
 def _efficiency(r: _Reader, data: dict[str, Any]) -> Efficiency:
     eff = r.table(data, "efficiency", "efficiency")
-    fields = {*_EFFICIENCY_FIELDS, *_EFFICIENCY_FRACTIONS, *_EFFICIENCY_SECONDS, "ridge_sharpness"}
+    fields = {*_EFFICIENCY_FIELDS, *_EFFICIENCY_FRACTIONS, *_EFFICIENCY_SECONDS}
+    fields |= {"ridge_sharpness", "attention_ramp_tokens"}
     r.no_unknown(eff, fields, "efficiency.")
     return Efficiency(
         compute=r.fraction(eff, "compute", "efficiency.compute"),
@@ -354,7 +360,7 @@ def _engines(r: _Reader, data: dict[str, Any]) -> dict[str, EngineKernels]:
     if not isinstance(raw, dict):
         r.fail("engines", f"expected [engines.NAME] tables, got {_shown(raw)}")
     fields = {*_EFFICIENCY_FRACTIONS, *_EFFICIENCY_SECONDS, "compute", "memory"}
-    fields |= {"ridge_sharpness", "allreduce"}
+    fields |= {"ridge_sharpness", "attention_ramp_tokens", "allreduce"}
     engines: dict[str, EngineKernels] = {}
     for name, table in raw.items():
         prefix = f"engines.{key_name(name)}."
