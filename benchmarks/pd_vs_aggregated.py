@@ -53,7 +53,8 @@ DOC_BEGIN = "<!-- pd_vs_aggregated.py: generated below, do not edit by hand -->"
 DOC_END = "<!-- pd_vs_aggregated.py: generated above -->"
 #: The attainment DistServe reads its goodput at (_plot.py: atta_target 90).
 TARGET = 0.90
-#: DistServe's testbed: A100-80GB SXM GPUs, 8 per node, NVLink within a node (paper, sec. 6.1).
+#: assumption: DistServe's testbed is of this kind (A100-80GB SXM, 8 per node, NVLink), as its
+#: evaluation section describes; not re-checked against the paper here.
 HARDWARE = "a100-80gb"
 SEED = 0
 
@@ -65,9 +66,6 @@ class Mode:
     label: str
     settings: dict[str, object]
     pd: tuple[int, int] | None = None  # (prefill, decode) replicas; None: aggregated
-
-    def replicas(self, gpus: int, tp: int) -> int:
-        return sum(self.pd) if self.pd else gpus // tp
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,8 @@ class App:
 
 
 # vLLM as DistServe ran it (2-start-api-server.py): block 16, max-num-batched-tokens 16384,
-# max-num-seqs 1024; vLLM of that time (v0.2) had no chunked prefill and ran a prompt whole.
+# max-num-seqs 1024. Whole prompts: the vLLM fork it compared with (README: branch
+# distserve-baseline-vllm, 2023) predates chunked prefill (assumption: vLLM gained it in 2024).
 DISTSERVE_VLLM: dict[str, object] = dict(
     chunked_prefill=False, max_num_batched_tokens=16384, max_num_seqs=1024
 )
@@ -98,7 +97,7 @@ DISTSERVE_VLLM: dict[str, object] = dict(
 # prompts (a 16384-token budget holds any 2048-token prompt whole). Chunked prefill stays on:
 # with it off, kvsim's decode replica admits a pulled request only in an iteration where
 # nothing else runs (Scheduler._admit applies the whole-prompt rule to a pull, which computes
-# no tokens), so hand-offs queue for seconds; `handoff_check` below shows it on every run.
+# no tokens), so hand-offs queue for seconds; CHECK_MODES below show it on every run.
 DISTSERVE_PD: dict[str, object] = dict(
     chunked_prefill=True, max_num_batched_tokens=16384, max_num_seqs=1024
 )
@@ -710,13 +709,25 @@ def plot(apps: Sequence[App], points: list[Point], path: Path) -> None:
     plt.close(fig)
 
 
-def update_doc(text: str, path: Path = DOC) -> None:
-    """Replace the block between the markers in `path` with `text`."""
+def markers(engine: str | None) -> tuple[str, str]:
+    """The doc block a run writes: the default engine's, or a block of its own per engine."""
+    if engine is None:
+        return DOC_BEGIN, DOC_END
+    name = f"pd_vs_aggregated.py --engine {engine}"
+    return (
+        f"<!-- {name}: generated below, do not edit by hand -->",
+        f"<!-- {name}: generated above -->",
+    )
+
+
+def update_doc(text: str, path: Path = DOC, engine: str | None = None) -> None:
+    """Replace the block between the markers of `engine`'s run in `path` with `text`."""
+    begin, finish = markers(engine)
     doc = path.read_text(encoding="utf-8")
-    start, end = doc.find(DOC_BEGIN), doc.find(DOC_END)
+    start, end = doc.find(begin), doc.find(finish)
     if start < 0 or end < start:
-        raise SystemExit(f"{path}: markers {DOC_BEGIN!r} ... {DOC_END!r} not found")
-    new = doc[: start + len(DOC_BEGIN)] + "\n\n" + text + "\n" + doc[end:]
+        raise SystemExit(f"{path}: markers {begin!r} ... {finish!r} not found")
+    new = doc[: start + len(begin)] + "\n\n" + text + "\n" + doc[end:]
     path.write_text(new, encoding="utf-8")
 
 
@@ -741,7 +752,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--engine", help="kvsim engine profile for every run (default: kvsim's)")
     parser.add_argument(
-        "--update-doc", action="store_true", help="rewrite docs/disaggregation.md and its PNG"
+        "--update-doc",
+        action="store_true",
+        help="rewrite docs/disaggregation.md's block and its PNG (with --engine: that engine's "
+        "block of goodput tables)",
     )
     args = parser.parse_args(argv)
     apps = quick(APPS) if args.quick else APPS
@@ -757,9 +771,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{f' --engine {args.engine}' if args.engine else ''}`._\n\n"
     )
     sys.stdout.write(header + text)
-    if args.update_doc:
+    if args.update_doc and args.engine is None:
         update_doc(header + text)
         plot(apps, points, PLOT)
+    elif args.update_doc:  # another engine: its goodput tables only, in a block of its own
+        short = "\n".join(line for app in apps for line in tighter(app, points))
+        update_doc(header + short, engine=args.engine)
 
 
 if __name__ == "__main__":

@@ -160,6 +160,13 @@ def test_tables_and_doc_block_round_trip(tmp_path: Path) -> None:
     new = doc.read_text(encoding="utf-8")
     assert new.startswith("before\n") and new.endswith(f"{pva.DOC_END}\nafter\n")
     assert "old" not in new and text in new
+    # another engine's run writes its own block and leaves the default one alone
+    begin, end = pva.markers("vllm@0.6")
+    doc.write_text(f"{pva.DOC_BEGIN}\nA\n{pva.DOC_END}\n{begin}\nB\n{end}\n", encoding="utf-8")
+    pva.update_doc("C", doc, engine="vllm@0.6")
+    assert doc.read_text(encoding="utf-8") == (
+        f"{pva.DOC_BEGIN}\nA\n{pva.DOC_END}\n{begin}\n\nC\n{end}\n"
+    )
 
 
 @pytest.mark.xfail(
