@@ -17,6 +17,7 @@ from helpers import Req, make_trace
 
 from kvsim.capacity import profile_capacity_report
 from kvsim.compression import bytes_per_kept_token, compressed_kv_bytes, parse_compression
+from kvsim.costmodel import make_cost_model
 from kvsim.engine.compress import EngineCompression, page_bytes
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.pricing import CompressedPricer
@@ -206,10 +207,14 @@ def test_compression_never_raises_memory(text):
 
 # -- auto ---------------------------------------------------------------------------------------
 def test_auto_logs_one_label_per_request(tmp_path):
+    # a tight budget: the step of a light batch (four sequences of 1,000 tokens), which a
+    # request arriving beside a busier batch or with a long reply would exceed uncompressed
+    cost = make_cost_model(load_model("llama-3.1-8b"), load_profile("h100-sxm"))
+    budget = cost.iteration_time_s([], [1000] * 4)
     config = RunConfig(
         trace="sharegpt",
         max_requests=100,
-        engine=EngineConfig(compression="auto", auto_latency_budget_s=0.009),
+        engine=EngineConfig(compression="auto", auto_latency_budget_s=budget),
     )
     outcome = run(config)
     out = write_outputs(outcome, tmp_path / "auto")

@@ -25,7 +25,7 @@ def test_the_worked_example_runs_and_prints_what_it_shows():
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[:3] == [
-        "x1-node: 4x X1, 64 GB at 2 TB/s, tiers ['hbm', 'dram'], 23 numbers, each with its source",
+        "x1-node: 4x X1, 64 GB at 2 TB/s, tiers ['hbm', 'dram'], 22 numbers, each with its source",
         'refused: unsourced.toml: gpu.hbm: no entry in [sources]; add "gpu.hbm" = "S<n> ..." or '
         '"assumption: ..."',
         "sharegpt, 50 requests, llama-3.1-8b: TPOT p50",
@@ -42,7 +42,7 @@ def test_the_worked_example_runs_and_prints_what_it_shows():
 
 def test_every_number_has_its_source_and_an_assumption_says_so():
     sources = X1_NODE.split("[sources]\n", 1)[1].splitlines()
-    assert len(sources) == 23
+    assert len(sources) == 22
     assert all(re.fullmatch(r'"[\w.]+" = "assumption: [^"]+"', line) for line in sources)
 
 

@@ -60,12 +60,13 @@ def test_replica_search_never_reports_an_untested_neighbour():
 
 
 def _meets(replicas: int) -> bool:
-    """200 requests, TTFT p99 <= 10 s, TPOT p99 <= 0.3 s: 1 and 2 round-robin replicas miss,
-    every count from 3 meets (on 60 requests with the tighter SLOs the response is not monotone:
-    which replica draws the longest prompts decides the p99)."""
-    base = RunConfig(trace=TRACE, max_requests=200, slo_ttft_s=10.0, slo_tpot_s=0.3)
+    """200 requests, TTFT p99 <= 20 s, TPOT p99 <= 0.5 s: 1 and 2 round-robin replicas miss
+    (TTFT p99 about 110 s and 38 s), every count from 3 meets with room (9-10 s, at most
+    0.28 s). Objectives near the p99s are not monotone in replicas: which replica draws the
+    longest prompts decides the p99 (at 10 s, 3 replicas met it and 4 did not)."""
+    base = RunConfig(trace=TRACE, max_requests=200, slo_ttft_s=20.0, slo_tpot_s=0.5)
     config = dataclasses.replace(base, engine=dataclasses.replace(base.engine, replicas=replicas))
-    return miss_reason(run(config).summary, 10.0, 0.3) is None
+    return miss_reason(run(config).summary, 20.0, 0.5) is None
 
 
 def test_binary_search_matches_a_linear_scan_on_real_runs():

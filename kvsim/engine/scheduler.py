@@ -340,7 +340,8 @@ class Scheduler:
             hit, evictable, load, n, need = plan
             if need + evictable + self._reservation(req, need) > kv.available_blocks:
                 break
-            if budget < whole and self._waits_to_fit_whole(req.known - hit * bs, n):
+            # a pull computes nothing here: the whole-prompt rule is for prompts it computes
+            if budget < whole and not pulling and self._waits_to_fit_whole(req.known - hit * bs, n):
                 break
             first_layer_s = -1.0
             if load and self.overlap == "layerwise":  # estimated on the links before it starts
