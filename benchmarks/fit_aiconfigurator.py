@@ -11,10 +11,13 @@ the other half:
 
 - BF16 GEMMs (``2mnk`` FLOPs, ``(mk + kn + mn) x 2`` bytes): compute and memory efficiency, the
   ridge sharpness ``p`` and the floor per kernel (memory efficiency is fitted, not held);
-- prefill attention (context_attention, BF16 KV): attention FLOP efficiency and the floor per
-  layer, at the GEMMs' memory efficiency and ridge;
-- decode attention (generation_attention, BF16 KV): the share of HBM bandwidth it reaches and
-  its floor per layer, at the prefill FLOP efficiency and the GEMMs' ridge;
+- prefill attention (context_attention, BF16 KV): attention FLOP efficiency, the chunk length
+  at which it reaches half of that (``attention_ramp_tokens``) and the floor per layer, at the
+  GEMMs' memory efficiency and ridge; the single efficiency of the earlier fit is refitted beside
+  it for comparison;
+- decode attention (generation_attention, BF16 KV): the share of HBM bandwidth it reaches, its
+  floor per layer and its cost per sequence per layer, at the prefill FLOP efficiency and the
+  GEMMs' ridge (the earlier fit without the per-sequence cost beside it);
 - all-reduce: the engine's own graph-mode all-reduce below its size limit (``custom``) and NCCL
   (nccl-tests), each latency + latency per extra GPU + bus bandwidth.
 
@@ -113,9 +116,11 @@ class Terms:
     ridge_sharpness: float
     kernel_floor_s: float
     attention: float
+    attention_ramp_tokens: float
     attention_floor_s: float
     decode_attention: float
     decode_attention_floor_s: float
+    decode_attention_per_sequence_s: float
     allreduce: tuple[AllReduceAlgorithm, ...]
 
 
@@ -134,6 +139,21 @@ def _seconds(df: pd.DataFrame) -> np.ndarray:
     return df["latency_s"].to_numpy(np.float64)
 
 
+@dataclass(frozen=True)
+class AttentionPoints(KernelPoints):
+    """Attention kernels, with what the length and batch terms need per measured kernel: the new
+    tokens of each chunk (prefill: the prompt; decode: 1) and the sequences in the batch."""
+
+    new_tokens: np.ndarray
+    sequences: np.ndarray
+
+    def take(self, mask: np.ndarray) -> AttentionPoints:
+        k = super().take(mask)
+        return AttentionPoints(
+            k.flops, k.nbytes, k.kernels, k.seconds, self.new_tokens[mask], self.sequences[mask]
+        )
+
+
 @functools.cache
 def _head_cost(heads: int, kv_heads: int, head_dim: int, window: int) -> tuple[float, float]:
     """(FLOPs per query-key pair, KV bytes per token) of one layer of this head shape, from
@@ -150,7 +170,7 @@ def _shape_columns(df: pd.DataFrame) -> list[tuple[int, int, int, int]]:
     return list(zip(*(df[c].astype(int) for c in cols), strict=True))
 
 
-def prefill_points(df: pd.DataFrame) -> KernelPoints:
+def prefill_points(df: pd.DataFrame) -> AttentionPoints:
     """Context attention: ``batch`` prompts of ``isl`` tokens, no cached context."""
     flops, nbytes = [], []
     for (h, kvh, d, w), b, s in zip(_shape_columns(df), df["batch"], df["isl"], strict=True):
@@ -159,7 +179,8 @@ def prefill_points(df: pd.DataFrame) -> KernelPoints:
         flops.append(b * pairs * per_pair)
         nbytes.append(b * s * kv_per_token)  # the chunk's KV written (roofline: read + new)
     ones = np.ones(len(df))
-    return KernelPoints(np.array(flops), np.array(nbytes), ones, _seconds(df))
+    isl, batch = (df[c].to_numpy(np.float64) for c in ("isl", "batch"))
+    return AttentionPoints(np.array(flops), np.array(nbytes), ones, _seconds(df), isl, batch)
 
 
 #: Sliding windows shorter than this are left out of the prefill fit and reported apart: the
@@ -185,12 +206,14 @@ def decode_context(df: pd.DataFrame) -> np.ndarray:
     return np.where(w > 0, np.minimum(ctx, np.where(w > 0, w, 1.0)), ctx)
 
 
-def decode_points(df: pd.DataFrame) -> KernelPoints:
+def decode_points(df: pd.DataFrame) -> AttentionPoints:
     """Generation attention: ``batch`` sequences each reading their whole (windowed) KV."""
-    attended = df["batch"].to_numpy(np.float64) * decode_context(df)
+    batch = df["batch"].to_numpy(np.float64)
+    attended = batch * decode_context(df)
     costs = np.array([_head_cost(*s) for s in _shape_columns(df)]).reshape(-1, 2)
     ones = np.ones(len(df))
-    return KernelPoints(attended * costs[:, 0], attended * costs[:, 1], ones, _seconds(df))
+    flops, nbytes = attended * costs[:, 0], attended * costs[:, 1]
+    return AttentionPoints(flops, nbytes, ones, _seconds(df), ones, batch)
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,45 +258,78 @@ def fit_gemm(p: KernelPoints, peak_flops: float, peak_bytes: float) -> KernelFit
     return unpack(x)
 
 
+@dataclass(frozen=True)
+class PrefillFit:
+    """Prefill attention as kvsim.costmodel.kernels prices one chunk of ``n`` new tokens: its
+    FLOPs scaled by ``(n + ramp_tokens) / n`` (KernelRates.prefill_flops_at_peak_rate), then
+    the soft roofline at the FLOP efficiency long chunks reach, plus a floor per layer."""
+
+    compute: float
+    memory: float
+    ridge: float
+    floor_s: float
+    ramp_tokens: float = 0.0
+
+    def predict(self, p: AttentionPoints, peak_flops: float, peak_bytes: float) -> np.ndarray:
+        flops = p.flops * (p.new_tokens + self.ramp_tokens) / p.new_tokens
+        c = flops / (peak_flops * self.compute)
+        m = p.nbytes / (peak_bytes * self.memory)
+        return p.kernels * self.floor_s + blend(c, m, self.ridge)
+
+
 def fit_prefill(
-    p: KernelPoints, peak_flops: float, peak_bytes: float, gemm: KernelFit
-) -> KernelFit:
-    """Prefill attention's FLOP efficiency and floor per layer, at the GEMMs' memory efficiency
-    and ridge (as kvsim.costmodel.kernels prices it)."""
+    p: AttentionPoints, peak_flops: float, peak_bytes: float, gemm: KernelFit, ramp: bool = True
+) -> PrefillFit:
+    """Prefill attention's FLOP efficiency, ramp length (``ramp=False``: none, the single
+    efficiency of the earlier fit) and floor per layer, at the GEMMs' memory efficiency and
+    ridge."""
 
-    def unpack(x: np.ndarray) -> KernelFit:
-        return KernelFit(min(1.0, math.exp(x[0])), gemm.memory, gemm.ridge, math.exp(x[1]))
+    def unpack(x: np.ndarray) -> PrefillFit:
+        ramp_tokens = math.exp(x[2]) if ramp else 0.0
+        return PrefillFit(
+            min(1.0, math.exp(x[0])), gemm.memory, gemm.ridge, math.exp(x[1]), ramp_tokens
+        )
 
-    x = minimise(lambda x: log_l1(unpack(x).predict(p, peak_flops, peak_bytes), p.seconds),
-                 [0.5, 1e-5])  # fmt: skip
+    x0 = [0.5, 1e-5, 1000.0] if ramp else [0.5, 1e-5]
+    x = minimise(lambda x: log_l1(unpack(x).predict(p, peak_flops, peak_bytes), p.seconds), x0)
     return unpack(x)
 
 
 @dataclass(frozen=True)
 class DecodeFit:
-    """Decode attention: its bandwidth share and floor, at the prefill FLOP rate and ridge."""
+    """Decode attention (KernelRates.decode_attention_s): its bandwidth share, floor per layer
+    and cost per sequence per layer, at the prefill FLOP rate and ridge."""
 
     attention: float
     decode_attention: float
     ridge: float
     floor_s: float
+    per_sequence_s: float = 0.0
 
-    def predict(self, p: KernelPoints, peak_flops: float, peak_bytes: float) -> np.ndarray:
+    def predict(self, p: AttentionPoints, peak_flops: float, peak_bytes: float) -> np.ndarray:
         c = p.flops / (peak_flops * self.attention)
         m = p.nbytes / (peak_bytes * self.decode_attention)
-        return p.kernels * self.floor_s + blend(c, m, self.ridge)
+        fixed = p.kernels * (self.floor_s + p.sequences * self.per_sequence_s)
+        return fixed + blend(c, m, self.ridge)
 
 
 def fit_decode(
-    p: KernelPoints, peak_flops: float, peak_bytes: float, attention: float, ridge: float
+    p: AttentionPoints,
+    peak_flops: float,
+    peak_bytes: float,
+    attention: float,
+    ridge: float,
+    per_sequence: bool = True,
 ) -> DecodeFit:
-    """Decode attention's share of HBM bandwidth (<= 1) and floor per layer."""
+    """Decode attention's share of HBM bandwidth (<= 1), floor per layer and cost per sequence
+    per layer (``per_sequence=False``: none, the earlier fit)."""
 
     def unpack(x: np.ndarray) -> DecodeFit:
-        return DecodeFit(attention, min(1.0, math.exp(x[0])), ridge, math.exp(x[1]))
+        seq = math.exp(x[2]) if per_sequence else 0.0
+        return DecodeFit(attention, min(1.0, math.exp(x[0])), ridge, math.exp(x[1]), seq)
 
-    x = minimise(lambda x: log_l1(unpack(x).predict(p, peak_flops, peak_bytes), p.seconds),
-                 [0.7, 1e-5])  # fmt: skip
+    x0 = [0.7, 1e-5, 1e-8] if per_sequence else [0.7, 1e-5]
+    x = minimise(lambda x: log_l1(unpack(x).predict(p, peak_flops, peak_bytes), p.seconds), x0)
     return unpack(x)
 
 
@@ -385,11 +441,12 @@ def allreduce_tables(
 # one GPU x engine
 
 
-def current_terms(profile: HardwareProfile) -> tuple[KernelFit, KernelFit, DecodeFit]:
+def current_terms(profile: HardwareProfile) -> tuple[KernelFit, PrefillFit, DecodeFit]:
     """The profile's [efficiency] as GEMM, prefill and (old single-term) decode attention."""
     e = profile.efficiency
     gemm = KernelFit(e.compute, e.memory, e.ridge_sharpness, e.kernel_floor_s)
-    att = KernelFit(e.attention_or_compute, e.memory, e.ridge_sharpness, e.attention_floor_s)
+    ramp = e.attention_ramp_tokens or 0.0
+    att = PrefillFit(e.attention_or_compute, e.memory, e.ridge_sharpness, e.attention_floor_s, ramp)
     dec = DecodeFit(e.attention_or_compute, e.memory, e.ridge_sharpness, e.attention_floor_s)
     return gemm, att, dec
 
@@ -401,8 +458,10 @@ def _rows(
     fitted,
     current,
     halves: tuple[str, ...] = ("fit", "held out"),
+    earlier=None,
 ) -> list[dict]:
-    """Error rows of one family: the fitted and the current terms on each half asked for."""
+    """Error rows of one family: the fitted, the current and (for attention) the earlier fit's
+    form of terms on each half asked for."""
     out = []
     for half, mask in (("fit", fit_mask), ("held out", ~fit_mask)):
         if not mask.any() or half not in halves:
@@ -410,6 +469,7 @@ def _rows(
         q = p.take(mask)
         row = {"family": family, "half": half, "fitted": error_summary(fitted(q), q.seconds)}
         row["current"] = error_summary(current(q), q.seconds) if current else None
+        row["earlier"] = error_summary(earlier(q), q.seconds) if earlier else None
         out.append(row)
     return out
 
@@ -435,20 +495,23 @@ def fit_engine(db: KernelDatabase, gpu: str, engine: str, profile: HardwareProfi
         lambda q: cur_gemm.predict(q, peak, bw),
     )
 
-    att, att_floor = cur_att.compute, cur_att.floor_s
+    att, att_ramp, att_floor = cur_att.compute, cur_att.ramp_tokens, cur_att.floor_s
+    single_att = att
     ctx = None
     if has_table(db, gpu, engine, "context attention"):
         ctx = _bf16(db.context_attention(gpu, engine), "kv_dtype")
         a = prefill_points(ctx)
         amask = alternate([(*s, i) for s, i in zip(_shape_columns(ctx), ctx["isl"], strict=True)])
         domain = in_prefill_domain(ctx)
-        afit = fit_prefill(thin(a.take(amask & domain)), peak, bw, gfit)
-        att, att_floor = afit.compute, afit.floor_s
+        fit_points = thin(a.take(amask & domain))
+        afit = fit_prefill(fit_points, peak, bw, gfit)
+        single = fit_prefill(fit_points, peak, bw, gfit, ramp=False)  # the earlier fit's form
+        att, att_ramp, att_floor = afit.compute, afit.ramp_tokens, afit.floor_s
+        single_att = single.compute
         isl = ctx["isl"].to_numpy()
         parts = [("prefill attention", domain)]
-        for lo, hi in PROMPT_BANDS:  # held-out rows by prompt length: where the one term misses
-            band = f"{lo}-{hi - 1}" if hi < 1 << 30 else f">= {lo}"
-            parts.append((f"prefill attention, {band} tokens", domain & (isl >= lo) & (isl < hi)))
+        for lo, hi in PROMPT_BANDS:  # held-out rows by prompt length: where one term missed
+            parts.append((_band_family(lo, hi), domain & (isl >= lo) & (isl < hi)))
         parts.append((f"prefill attention, windows < {MIN_PREFILL_WINDOW} (not fitted)", ~domain))
         for family, keep in parts:
             if keep.any():
@@ -459,9 +522,10 @@ def fit_engine(db: KernelDatabase, gpu: str, engine: str, profile: HardwareProfi
                     lambda q: afit.predict(q, peak, bw),
                     lambda q: cur_att.predict(q, peak, bw),
                     halves=("fit", "held out") if keep is domain else ("held out",),
+                    earlier=lambda q: single.predict(q, peak, bw),
                 )
 
-    dec, dec_floor = None, None
+    dec, dec_floor, dec_seq = None, None, 0.0
     gen = None
     if has_table(db, gpu, engine, "generation attention"):
         gen = _bf16(db.generation_attention(gpu, engine), "kv_dtype")
@@ -469,14 +533,18 @@ def fit_engine(db: KernelDatabase, gpu: str, engine: str, profile: HardwareProfi
         dmask = alternate(
             [(*s, c) for s, c in zip(_shape_columns(gen), decode_context(gen), strict=True)]
         )
-        dfit = fit_decode(thin(d.take(dmask)), peak, bw, att, gfit.ridge)
-        dec, dec_floor = dfit.decode_attention, dfit.floor_s
+        fit_points = thin(d.take(dmask))
+        dfit = fit_decode(fit_points, peak, bw, att, gfit.ridge)
+        # the earlier fit's form: no per-sequence cost, at the single prefill efficiency
+        dold = fit_decode(fit_points, peak, bw, single_att, gfit.ridge, per_sequence=False)
+        dec, dec_floor, dec_seq = dfit.decode_attention, dfit.floor_s, dfit.per_sequence_s
         rows += _rows(
             "decode attention",
             d,
             dmask,
             lambda q: dfit.predict(q, peak, bw),
             lambda q: cur_dec.predict(q, peak, bw),
+            earlier=lambda q: dold.predict(q, peak, bw),
         )
 
     algs: list[AllReduceAlgorithm] = []
@@ -514,9 +582,11 @@ def fit_engine(db: KernelDatabase, gpu: str, engine: str, profile: HardwareProfi
         gfit.ridge,
         gfit.floor_s,
         att,
+        att_ramp,
         att_floor,
         dec if dec is not None else gfit.memory,
         dec_floor if dec_floor is not None else att_floor,
+        dec_seq,
         tuple(algs),
     )
     return {
@@ -552,23 +622,34 @@ def _gbs(b: float) -> str:
     return f"{b / 1e9:.4g}GB/s"
 
 
+def _held_out(r: dict, family: str) -> dict | None:
+    return next((x for x in r["rows"] if x["family"] == family and x["half"] == "held out"), None)
+
+
+def _band_family(lo: int, hi: int) -> str:
+    band = f"{lo}-{hi - 1}" if hi < 1 << 30 else f">= {lo}"
+    return f"prefill attention, {band} tokens"
+
+
 def markdown(results: list[dict], source: str) -> str:
-    """The held-out summary, the fitted terms and one table per GPU x engine."""
+    """The held-out summary, the prefill rows by prompt length, the fitted terms and one table
+    per GPU x engine."""
     lines = [f"Data: {source}.", ""]
     families = ("GEMM", "prefill attention", "decode attention", "all-reduce as the engine runs it")
     lines += [
         "Held-out median |error| of the fitted terms (in brackets: the current [efficiency] and "
-        "[[allreduce]] terms, fitted to Vidur's eager kernels, on the same points):",
+        "[[allreduce]] terms, fitted to Vidur's eager kernels, on the same points; for attention "
+        "also the earlier fit's form: one prefill FLOP efficiency, no decode cost per sequence):",
         "",
-        "| GPU | engine | " + " | ".join(families) + " |",
-        "|---|---|" + "---|" * len(families),
+        "| GPU | engine | "
+        + " | ".join(families)
+        + " | prefill, one efficiency | decode, no per-sequence cost |",
+        "|---|---|" + "---|" * (len(families) + 2),
     ]
     for r in results:
         cells = []
         for fam in families:
-            row = next(
-                (x for x in r["rows"] if x["family"] == fam and x["half"] == "held out"), None
-            )
+            row = _held_out(r, fam)
             if row is None:
                 cells.append("—")
                 continue
@@ -578,13 +659,36 @@ def markdown(results: list[dict], source: str) -> str:
                 if cur
                 else _pct(row["fitted"]["median_abs"])
             )
+        for fam in ("prefill attention", "decode attention"):
+            row = _held_out(r, fam)
+            cells.append(_pct(row["earlier"]["median_abs"]) if row and row["earlier"] else "—")
+        lines.append(f"| {r['profile']} | {r['engine']} | " + " | ".join(cells) + " |")
+    bands = [_band_family(lo, hi) for lo, hi in PROMPT_BANDS]
+    lines += [
+        "",
+        "Prefill attention held out, by prompt length: median bias (kvsim - measured) / measured "
+        "of the fitted terms with `attention_ramp_tokens`, and in brackets of one FLOP "
+        "efficiency fitted the earlier way on the same points:",
+        "",
+        "| GPU | engine | " + " | ".join(b.split(", ")[1] for b in bands) + " |",
+        "|---|---|" + "---|" * len(bands),
+    ]
+    for r in results:
+        cells = []
+        for fam in bands:
+            row = _held_out(r, fam)
+            if row is None:
+                cells.append("—")
+                continue
+            new, old = row["fitted"]["bias"], row["earlier"]["bias"]
+            cells.append(f"{new:+.1%} ({old:+.1%})")
         lines.append(f"| {r['profile']} | {r['engine']} | " + " | ".join(cells) + " |")
     lines += ["", "Fitted terms (`[engines.E]` in each hardware profile):", ""]
     lines += [
-        "| GPU | engine | compute | memory | p | kernel floor | attention | attention floor | "
-        "decode attention | decode floor | custom all-reduce: latency / per GPU / bus | "
-        "NCCL: latency / per GPU / bus |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| GPU | engine | compute | memory | p | kernel floor | attention | attention ramp | "
+        "attention floor | decode attention | decode floor | decode per sequence | "
+        "custom all-reduce: latency / per GPU / bus | NCCL: latency / per GPU / bus |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         t: Terms = r["terms"]
@@ -600,8 +704,10 @@ def markdown(results: list[dict], source: str) -> str:
         lines.append(
             f"| {r['profile']} | {r['engine']} | {t.compute:.3f} | {t.memory:.3f} | "
             f"{t.ridge_sharpness:.2f} | {_us(t.kernel_floor_s)} | {t.attention:.3f} | "
-            f"{_us(t.attention_floor_s)} | {t.decode_attention:.3f} | "
-            f"{_us(t.decode_attention_floor_s)} | {cell('custom')} | {cell('nccl')} |"
+            f"{t.attention_ramp_tokens:.0f} | {_us(t.attention_floor_s)} | "
+            f"{t.decode_attention:.3f} | {_us(t.decode_attention_floor_s)} | "
+            f"{t.decode_attention_per_sequence_s * 1e9:.3g}ns | {cell('custom')} | "
+            f"{cell('nccl')} |"
         )
     lines.append("")
     for r in results:
@@ -610,20 +716,23 @@ def markdown(results: list[dict], source: str) -> str:
             f"**{r['profile']} × {r['engine']}**" + (f" ({vers})" if vers else ""),
             "",
             "| kernels | half | points | median | p90 | worst | bias | current median | "
-            "current p90 | current worst | current bias |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "current p90 | current worst | current bias | earlier form median | "
+            "earlier form bias |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in r["rows"]:
-            f, c = row["fitted"], row["current"]
+            f, c, e = row["fitted"], row["current"], row["earlier"]
             cur = (
                 f"{_pct(c['median_abs'])} | {_pct(c['p90_abs'])} | {_pct(c['worst_abs'])} | "
                 f"{c['bias']:+.1%}"
                 if c
                 else "— | — | — | —"
             )
+            old = f"{_pct(e['median_abs'])} | {e['bias']:+.1%}" if e else "— | —"
             lines.append(
                 f"| {row['family']} | {row['half']} | {f['points']} | {_pct(f['median_abs'])} | "
-                f"{_pct(f['p90_abs'])} | {_pct(f['worst_abs'])} | {f['bias']:+.1%} | {cur} |"
+                f"{_pct(f['p90_abs'])} | {_pct(f['worst_abs'])} | {f['bias']:+.1%} | {cur} | "
+                f"{old} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -655,9 +764,11 @@ def engine_toml(engine: str, t: Terms) -> str:
         ("ridge_sharpness", t.ridge_sharpness),
         ("kernel_floor_s", t.kernel_floor_s),
         ("attention", t.attention),
+        ("attention_ramp_tokens", t.attention_ramp_tokens),
         ("attention_floor_s", t.attention_floor_s),
         ("decode_attention", t.decode_attention),
         ("decode_attention_floor_s", t.decode_attention_floor_s),
+        ("decode_attention_per_sequence_s", t.decode_attention_per_sequence_s),
     ]
     out = [f"[engines.{engine}]"] + [f"{k} = {_num(v)}" for k, v in keys]
     for a in t.allreduce:
@@ -692,7 +803,11 @@ def engine_sources(r: dict, doc_anchor: str) -> list[str]:
         "memory": ("BF16 GEMM memory efficiency (fitted, not held)", "gemm"),
         "ridge_sharpness": ("p-norm ridge of BF16 GEMMs", "gemm"),
         "kernel_floor_s": ("fixed cost per GEMM kernel", "gemm"),
-        "attention": ("prefill attention FLOP efficiency", "context attention"),
+        "attention": ("prefill attention FLOP efficiency of long chunks", "context attention"),
+        "attention_ramp_tokens": (
+            "chunk length at which prefill attention reaches half that efficiency",
+            "context attention",
+        ),
         "attention_floor_s": ("fixed cost per layer of prefill attention", "context attention"),
         "decode_attention": (
             "share of HBM bandwidth decode attention reaches",
@@ -700,6 +815,10 @@ def engine_sources(r: dict, doc_anchor: str) -> list[str]:
         ),
         "decode_attention_floor_s": (
             "fixed cost per layer of decode attention",
+            "generation attention",
+        ),
+        "decode_attention_per_sequence_s": (
+            "cost per sequence per layer of decode attention",
             "generation attention",
         ),
     }
