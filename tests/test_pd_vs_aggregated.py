@@ -116,6 +116,13 @@ def test_rate_at_interpolates_where_attainment_falls_through_the_target() -> Non
     assert pva.rate_at(rates, [1.0, 1.0, 1.0, 0.95], 0.9) == 4.0  # a lower bound
 
 
+def test_goodput_cell_says_when_the_sweep_does_not_bracket_90_percent() -> None:
+    rates = [1.0, 2.0, 3.0]
+    assert pva.goodput_cell(rates, [1.0, 0.95, 0.85]) == "2.500"
+    assert pva.goodput_cell(rates, [0.8, 0.5, 0.1]) == "< 1"
+    assert pva.goodput_cell(rates, [1.0, 0.99, 0.95]) == ">= 3"
+
+
 def test_crossover_is_the_first_rate_from_which_pd_stays_above() -> None:
     rates = [1.0, 2.0, 3.0, 4.0]
     assert pva.crossover(rates, [0.5, 0.9, 0.8, 0.7], [1.0, 0.8, 0.6, 0.2]) == "2"
