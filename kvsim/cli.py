@@ -352,6 +352,12 @@ def _default_out() -> Path:
     "(TensorRT-LLM's default). [default: the engine's]",
 )
 @click.option(
+    "--mixed-batches/--no-mixed-batches",
+    default=None,
+    help="Prefill chunks and decodes share an iteration (vLLM, TensorRT-LLM); off: an "
+    "iteration is all prefill or all decode, prefill first (SGLang). [default: the engine's]",
+)
+@click.option(
     "--num-scheduler-steps",
     type=int,
     help="Decode steps per scheduler call (vLLM v0 multi-step); arrivals wait for the round. "

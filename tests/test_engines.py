@@ -80,6 +80,7 @@ def test_every_shipped_profile_loads_and_a_bare_name_is_the_current_version() ->
             "chunked_prefill",
             "kv_reservation",
             "num_scheduler_steps",
+            "mixed_batches",
         }
     assert load_engine("vllm").full_name == "vllm@0.24"
     assert load_engine(DEFAULT_ENGINE).current
@@ -236,3 +237,28 @@ def test_a_message_of_exactly_the_custom_limit_goes_to_nccl() -> None:
     assert cost.allreduce_iteration_s(tokens) == pytest.approx(
         64 * (28e-6 + 8 * 2**20 / 350e9), rel=1e-12
     )
+
+
+def test_without_mixed_batches_a_prefill_runs_alone_and_decodes_wait_for_it() -> None:
+    """SGLang's default: A decodes; B arrives and its 2,000-token prefill runs as an iteration
+    of its own (A's next token waits for it), where vLLM prices one iteration of both."""
+    from helpers import Req, make_trace, without_front_end
+
+    from kvsim.engine.simulation import simulate
+
+    hw = without_front_end(load_profile("h100-sxm"))
+    reqs = [Req([(1, 100)], 300, arrival_s=0.0), Req([(2, 2000)], 5, arrival_s=0.5)]
+    rows = {}
+    for mixed in (True, False):
+        config = EngineConfig(engine="sglang", mixed_batches=mixed, enable_prefix_caching=False)
+        rows[mixed] = simulate(make_trace(reqs), LLAMA_7B, hw, config).requests.to_pydict()
+    cost = make_cost_model(LLAMA_7B, hw, engine="sglang")
+    alone = cost.iteration_time_s([(2000, 0)], [])
+    for mixed, got in rows.items():
+        ttft = got["first_token_s"][1] - got["scheduled_s"][1]
+        if mixed:
+            assert ttft > alone  # A's decode token shares B's iteration
+        else:
+            assert ttft == pytest.approx(alone, rel=1e-12)
+    # A rides B's iteration when they mix; alone, it waits B's prefill out, then decodes
+    assert rows[False]["finish_s"][0] > rows[True]["finish_s"][0]

@@ -56,6 +56,14 @@ class EngineConfig:
             "the whole output, never preempted); default: the engine's"
         },
     )
+    mixed_batches: bool | None = field(
+        default=None,
+        metadata={
+            "help": "prefill chunks and decodes share an iteration (vLLM, TensorRT-LLM); off: "
+            "an iteration is all prefill or all decode, prefill first (SGLang without "
+            "--enable-mixed-chunk); default: the engine's"
+        },
+    )
     tp: int = field(default=1, metadata={"help": "tensor-parallel GPUs in the replica"})
     kv_dtype: str = field(default="bf16", metadata={"help": "KV cache dtype"})
     weight_dtype: str = field(default="bf16", metadata={"help": "weight dtype"})

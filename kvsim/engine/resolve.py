@@ -138,6 +138,10 @@ def check_fields(config: EngineConfig) -> None:
     for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps"):
         if getattr(config, name) is not None:  # None: the engine profile's default
             _positive_int(config, name)
+    if config.mixed_batches not in (None, True, False):
+        raise ConfigError(
+            f"engine.mixed_batches: expected true or false, got {config.mixed_batches!r}"
+        )
     if config.chunked_prefill not in (None, True, False):
         raise ConfigError(
             f"engine.chunked_prefill: expected true or false, got {config.chunked_prefill!r}"

@@ -105,6 +105,9 @@ class Scheduler:
         self.node = node
         # a prefill replica hands each prompt on instead of decoding: nothing to coalesce
         self.coalesce = config.coalesce_decode and role != "prefill"
+        # SGLang's default (enable_mixed_chunk off): an iteration is all prefill or all decode,
+        # prefill first; a decode replica under P/D only decodes, so it always mixes
+        self.prefill_first = config.mixed_batches is False and role != "decode"
         # the serving front end's per-request work (API server, tokenisation)
         self.request_overhead_s = pricer.cost.request_overhead_s
         # a token-dropping compression: decoding requests hold only their kept tokens' blocks
@@ -263,8 +266,9 @@ class Scheduler:
         preempted = False
         bs = self.block_size
         i = 0
+        prefill_only = self.prefill_first and self._prefill_pending()
         kv.hold_writes()  # released before admission, which looks blocks up below HBM
-        if not self.compacting:  # a compacting profile's decode may shrink its blocks
+        if not self.compacting and not prefill_only:  # compacting decode may shrink blocks
             # generated > 0: its first token is out (and, under P/D, it decodes here). Its
             # blocks hold its computed tokens, so it needs one only once its last is full (the
             # table, another object to fetch from memory, is read 1 step in block_size)
@@ -285,6 +289,9 @@ class Scheduler:
             req = running[i]
             computed = req.computed
             n = req.known - computed
+            if prefill_only and n == 1 and req.generated:  # decodes wait for the prefills
+                i += 1
+                continue
             if n > budget:
                 n = budget
             gate = req.gate
@@ -319,7 +326,21 @@ class Scheduler:
         kv.release_writes()
         if not preempted:
             self._admit(batch, budget)
+        if prefill_only and not batch:  # nothing to prefill after all (blocks): decode
+            self.prefill_first = False
+            try:
+                return self._schedule()
+            finally:
+                self.prefill_first = True
         return decoders, batch
+
+    def _prefill_pending(self) -> bool:
+        """A prefill iteration has work: a running request still prefilling, or a waiting one
+        that can be admitted now."""
+        for req in self.running:
+            if req.known - req.computed != 1 or not req.generated:
+                return True
+        return not self._cannot_admit()
 
     def _admit(self, batch: list[tuple[Request, int]], budget: int) -> None:
         waiting = self.waiting

@@ -34,6 +34,7 @@ _DEFAULTS: dict[str, str] = {
     "chunked_prefill": "bool",
     "kv_reservation": "reservation",
     "num_scheduler_steps": "count",
+    "mixed_batches": "bool",
 }
 _RESERVATIONS = ("prompt", "full")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
@@ -56,8 +57,8 @@ class EngineProfile:
       iteration takes the longer of the two, else their sum.
     - ``request_overhead_s``: the front end's time per request (API server, tokenisation).
     - ``allreduce``: the hardware profile's all-reduce algorithms this engine uses (empty: any).
-    - ``defaults``: max_num_seqs, max_num_batched_tokens, chunked_prefill, kv_reservation and
-      num_scheduler_steps as the engine ships them.
+    - ``defaults``: max_num_seqs, max_num_batched_tokens, chunked_prefill, kv_reservation,
+      num_scheduler_steps and mixed_batches as the engine ships them.
     """
 
     name: str
