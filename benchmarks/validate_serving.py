@@ -632,7 +632,8 @@ def grid_loads(sweep: Sweep) -> list[float]:
 def check_saturation(
     data: Dataset, sweeps: Sequence[Sweep], results: Sequence[Result], max_requests: int, seed: int
 ) -> None:
-    """kvsim's TTFT at each sweep's published loads (already run) and on its grid, and its knee."""
+    """kvsim's TTFT at each sweep's published loads (already run) and on its grid, and its knee
+    (looked for up to 4x the heaviest published load when the grid does not reach it)."""
     by_id = {r.point.id: r for r in results}
     for sweep in sweeps:
         template = sweep.points[-1]
@@ -646,10 +647,17 @@ def check_saturation(
             print(f"  saturation grid {template.id} at {load:g}: {r.wall_s:.1f} s", file=sys.stderr)
             loads.append(load)
             ttft.append(r.kvsim["ttft_s"])
+        sweep.kvsim_knee, _ = knee(loads, ttft)
+        if sweep.kvsim_knee is None:  # not within the published range: look beyond it, to 4x
+            for load in np.geomspace(sweep.max_load, 4 * sweep.max_load, 4)[1:]:
+                load = float(np.rint(load)) if template.arrival == "concurrency" else float(load)
+                r = run_point(data, with_load(template, load), max_requests, seed)
+                loads.append(load)
+                ttft.append(r.kvsim["ttft_s"])
+            sweep.kvsim_knee, _ = knee(loads, ttft)
         order = sorted(range(len(loads)), key=lambda i: loads[i])
         sweep.kvsim_loads = [loads[i] for i in order]
         sweep.kvsim_ttft = [ttft[i] for i in order]
-        sweep.kvsim_knee, _ = knee(sweep.kvsim_loads, sweep.kvsim_ttft)
 
 
 # -- report ----------------------------------------------------------------------------------------
