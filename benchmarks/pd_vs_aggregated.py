@@ -88,10 +88,11 @@ class App:
 
 
 # vLLM as DistServe ran it (2-start-api-server.py): block 16, max-num-batched-tokens 16384,
-# max-num-seqs 1024. Whole prompts: the vLLM fork it compared with (README: branch
-# distserve-baseline-vllm, 2023) predates chunked prefill (assumption: vLLM gained it in 2024).
+# max-num-seqs 1024. Whole prompts in prefill-only iterations, prefill first: the vLLM fork it
+# compared with (README: branch distserve-baseline-vllm, 2023) predates chunked prefill and
+# scheduled waiting prompts before running decodes (assumption: vLLM's scheduler of 2023).
 DISTSERVE_VLLM: dict[str, object] = dict(
-    chunked_prefill=False, max_num_batched_tokens=16384, max_num_seqs=1024
+    chunked_prefill=False, mixed_batches=False, max_num_batched_tokens=16384, max_num_seqs=1024
 )
 # P/D instances as DistServe ran them (2-start-api-server.py): whole prompts, context batches of
 # at most 8192 tokens, decode batches of at most 1024 sequences.
@@ -106,7 +107,7 @@ SMALL_CHUNK: dict[str, object] = dict(max_num_batched_tokens=512)
 
 def _modes(pd_splits: Sequence[tuple[int, int]]) -> tuple[Mode, ...]:
     aggregated = (
-        Mode("aggregated, DistServe's vLLM (whole prompts)", DISTSERVE_VLLM),
+        Mode("aggregated, DistServe's vLLM (prefill-only iterations)", DISTSERVE_VLLM),
         Mode("aggregated, kvsim default settings", CURRENT),
         Mode("aggregated, chunked 512", SMALL_CHUNK),
     )
@@ -560,9 +561,9 @@ def setup_table(apps: Sequence[App], engine: str | None) -> str:
     """Each mode's settings as kvsim resolves them (so a change of defaults shows here)."""
     profile = load_profile(HARDWARE)
     out = [
-        "| application | mode | replicas x TP | engine | chunked prefill | token budget "
-        "| max seqs | KV capacity per replica |",
-        "|---|---|---|---|---|---:|---:|---:|",
+        "| application | mode | replicas x TP | engine | chunked prefill | prefill and decode "
+        "in one iteration | token budget | max seqs | KV capacity per replica |",
+        "|---|---|---|---|---|---|---:|---:|---:|",
     ]
     for app in apps:
         model = load_model(str(DATA / f"{app.model}.toml"))
@@ -573,9 +574,10 @@ def setup_table(apps: Sequence[App], engine: str | None) -> str:
             shape = f"({mode.pd[0]} + {mode.pd[1]})" if mode.pd else f"{run.replica_count}"
             tokens = run.num_blocks * c.block_size
             chunked = "on" if c.chunked_prefill else "off"
+            mixed = "yes" if c.mixed_batches else "no (prefill first)"
             out.append(
                 f"| {app.name} | {mode.label} | {shape} x {c.tp} "
-                f"| {run.engine.name}@{run.engine.version} | {chunked} "
+                f"| {run.engine.name}@{run.engine.version} | {chunked} | {mixed} "
                 f"| {c.max_num_batched_tokens:,} | {c.max_num_seqs:,} | {tokens:,} tokens |"
             )
     return "\n".join(out) + "\n"
