@@ -14,7 +14,13 @@ An iteration runs its kernels one after another, so its time is the sum of their
   written;
 - t_allreduce: two all-reduces per layer of tokens x hidden x 2 bytes at tensor parallelism,
   each priced by the profile's algorithms (latency + bytes / bus bandwidth, the cheapest);
-- t_iteration_overhead: the engine's CPU time per iteration (schedule, prepare, sample).
+- t_iteration_overhead: the engine's CPU time per iteration (schedule, prepare, sample), added
+  to the GPU's time or, under an engine that overlaps scheduling, hidden behind it
+  (kvsim.costmodel.engine_terms, with the eager launch floor outside CUDA graphs).
+
+Under an engine profile whose kernel terms split attention (``decode_attention``), decode
+attention is priced at its own share of HBM bandwidth with a cost per sequence, and prefill
+attention at an efficiency that rises with the chunk's length (``attention_ramp_tokens``).
 
 FLOPs run at the peak of the compute dtype: FP8 weights on a GPU with FP8 tensor cores run
 W8A8 at the FP8 peak (vLLM's FP8 path on Hopper and later), anything else at the BF16 peak.
