@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.calibrate.aiconfigurator_data import KernelDatabase, open_database
+from kvsim.calibrate.aiconfigurator_import import GPU_PROFILES
 from kvsim.calibrate.kernel_fit import (
     AllReducePoints,
     KernelFit,
@@ -72,18 +73,8 @@ END = "<!-- fit_aiconfigurator.py: generated above -->"
 TOML_BEGIN = "# fit_aiconfigurator.py: engine kernel terms below (generated; edit the script)"
 TOML_END = "# fit_aiconfigurator.py: engine kernel terms above"
 
-#: AIConfigurator's system name -> kvsim's hardware profile.
-GPUS = {
-    "a100_sxm": "a100-80gb",
-    "h100_sxm": "h100-sxm",
-    "h200_sxm": "h200-sxm",
-    "b200_sxm": "b200",
-    "gb200": "gb200",
-    "b300_sxm": "b300",
-    "gb300": "gb300",
-    "l40s": "l40s",
-    "rtx_pro_6000_server": "rtx-pro-6000",
-}
+#: AIConfigurator's system name -> kvsim's hardware profile (the importer's table).
+GPUS = GPU_PROFILES
 ENGINES = ("vllm", "sglang", "trtllm")
 BF16 = 2.0
 MIB = 1024 * 1024

@@ -51,8 +51,7 @@ from kvsim.hardware.profile import HardwareProfile
 from kvsim.models import ModelSpec, kv_heads_per_rank
 from kvsim.models.dtypes import weight_dtype_bytes
 
-#: AIConfigurator's GPU folders and kvsim's profile of each GPU. The others (b300_sxm, gb300,
-#: l40s, rtx_pro_6000_server) get a base profile once hardware_profiles/ has one by that name.
+#: AIConfigurator's GPU folders and kvsim's profile of each GPU (the fit script reads it too).
 GPU_PROFILES = {
     "a100_sxm": "a100-80gb",
     "h100_sxm": "h100-sxm",

@@ -15,6 +15,7 @@ import click
 
 from kvsim.atomic import WriteError, check_writable, os_reason, write_file
 from kvsim.errors import ConfigError, KvsimError
+from kvsim.hardware.profile import HardwareProfile
 
 NEEDS_TORCH = "kvsim calibrate needs PyTorch: pip install 'kvsim[calibrate]'"
 
@@ -356,7 +357,7 @@ def import_vidur_profile(
     replaced only with `overwrite`. A place that cannot be written is refused before the CSVs
     are read."""
     from kvsim.calibrate.vidur_import import GPU_PROFILES, import_vidur, locate
-    from kvsim.hardware import load_profile, validate_profile
+    from kvsim.hardware import load_profile
     from kvsim.hardware.registry import profile_path
     from kvsim.models import load_model
 
@@ -384,15 +385,7 @@ def import_vidur_profile(
         commit=commit,
         note=note,
     )
-    profile = write_file(
-        out,
-        imported.text,
-        what="the profile",
-        overwrite=overwrite,
-        make_parents=True,
-        check=validate_profile,
-    )  # whole, and only once the profile validates
-    return imported, profile
+    return imported, _write_profile(out, imported.text, overwrite)
 
 
 @calibrate.command("import-aiconfigurator")
@@ -491,7 +484,7 @@ def import_aiconfigurator_profile(
         import_aiconfigurator,
     )
     from kvsim.errors import UnknownNameError
-    from kvsim.hardware import load_profile, validate_profile
+    from kvsim.hardware import load_profile
     from kvsim.hardware.registry import profile_path
     from kvsim.models import load_model
 
@@ -523,15 +516,17 @@ def import_aiconfigurator_profile(
     imported = import_aiconfigurator(
         db, request, out, base_profile, Path(base_file).read_text(encoding="utf-8")
     )
-    profile = write_file(
-        out,
-        imported.text,
-        what="the profile",
-        overwrite=overwrite,
-        make_parents=True,
+    return imported, _write_profile(out, imported.text, overwrite)
+
+
+def _write_profile(out: Path, text: str, overwrite: bool) -> HardwareProfile:
+    """An imported profile written whole, and only once it validates."""
+    from kvsim.hardware import validate_profile
+
+    return write_file(
+        out, text, what="the profile", overwrite=overwrite, make_parents=True,
         check=validate_profile,
-    )  # whole, and only once the profile validates
-    return imported, profile
+    )  # fmt: skip
 
 
 def main() -> None:
