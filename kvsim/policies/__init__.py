@@ -10,7 +10,7 @@ from kvsim.plugin_params import build_params, parse_params
 from kvsim.plugins import Registry
 from kvsim.policies.arc import ARC
 from kvsim.policies.asym_cost import AsymCost
-from kvsim.policies.base import BlockInfo, EvictionPolicy
+from kvsim.policies.base import BlockInfo, EvictionPolicy, RequestHint
 from kvsim.policies.bayes_reuse import BayesReuse
 from kvsim.policies.belady import Belady
 from kvsim.policies.ema_head import EmaHead
@@ -33,6 +33,7 @@ __all__ = [
     "BlockInfo",
     "EvictionPolicy",
     "GuardedPolicy",
+    "RequestHint",
     "make_policy",
     "policy_names",
     "register",

@@ -36,6 +36,28 @@ from kvsim.errors import ConfigError
 FutureFn = Callable[[int, float], float]  # (block key, now_s) -> when it is next used
 
 
+@dataclass(frozen=True, slots=True)
+class RequestHint:
+    """What the serving system knows about the request whose blocks a tier is handed, in the
+    spirit of the priority and agent hints engines accept (vLLM's ``priority``, SGLang's
+    session params): never trace internals, never the future.
+
+    ``session`` (-1: unknown) and ``turn`` (0-based) place the request in its conversation or
+    agent run; ``parent`` is the request id of the call it follows (-1: none or unknown);
+    ``category`` names its kind as the source labels it ('chat', 'api', 'agent', or the
+    qwen-bailian types 'text', 'search', 'image', 'file'; '' unknown). ``tool_wait_s`` >= 0 says
+    its reply is a tool call whose result should come back in about this long (0: the duration is
+    unknown); -1: the reply is not a tool call, or nobody knows. The reply's content is known when
+    the request finishes, which is when its blocks are released: no future is read.
+    """
+
+    session: int = -1
+    turn: int = 0
+    parent: int = -1
+    category: str = ""
+    tool_wait_s: float = -1.0
+
+
 @dataclass(slots=True)
 class BlockInfo:
     """What a policy may know about a block when it is added or accessed.
@@ -47,7 +69,10 @@ class BlockInfo:
     time to recompute it at its position (0: unknown, policies fall back to a position-based proxy).
     ``next_use`` is when the block is next accessed (same clock as ``now_s``, or an access index;
     ``inf`` = never), filled only for policies with ``needs_future``. ``request_tokens`` is the
-    prompt length of the request that touched the block (0: unknown).
+    prompt length of the request that touched the block (0: unknown). ``hint`` is that
+    request's `RequestHint` (None: the tier does not know the request, e.g. below HBM).
+    ``lower_load_s`` is the time to load the block back from the tier it falls to when evicted
+    here (``inf``: no tier below keeps it, so a later use recomputes it).
     """
 
     now_s: float = 0.0
@@ -58,6 +83,8 @@ class BlockInfo:
     recompute_s: float = 0.0
     next_use: float = math.inf
     request_tokens: int = 0
+    hint: RequestHint | None = None
+    lower_load_s: float = math.inf
     # Set by the tier for the request whose blocks are being handed over; `at` derives the
     # per-block fields from them, so batch hooks need no per-block arguments.
     chain_kinds: Sequence[int] | None = None  # kind code of each block of the chain
