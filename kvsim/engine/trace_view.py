@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvsim.kvcache.hints import TraceHints
 from kvsim.kvcache.request import Request
 from kvsim.policies.oracle import FutureUses
 from kvsim.traces import Trace
@@ -41,6 +42,7 @@ class TraceRequests:
         self.input_tokens = t.column("input_tokens").to_numpy().astype(np.int64)
         self.output_tokens = t.column("output_tokens").to_numpy().astype(np.int64)
         self.output_hash = t.column("output_hash").to_numpy()
+        self.hints = TraceHints(t)
         segments = segment_columns(t)
         self.seg_offsets = segments.offsets
         self.seg_hash = segments.hashes

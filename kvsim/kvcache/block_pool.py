@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, islice, takewhile
 
-from kvsim.policies.base import BlockInfo, EvictionPolicy
+from kvsim.policies.base import BlockInfo, EvictionPolicy, RequestHint
 
 
 @dataclass(slots=True)
@@ -84,7 +84,9 @@ class BlockPool:
         # Policies that read per-block info go through the base class's batch loops; only they
         # need the chain's block kinds, and only they get `miss` calls (an unread no-op otherwise).
         self.describes = (
-            kind.add_many is EvictionPolicy.add_many or kind.pin_many is EvictionPolicy.pin_many
+            kind.add_many is EvictionPolicy.add_many
+            or kind.pin_many is EvictionPolicy.pin_many
+            or kind.reads_info
         )
         self.reports_misses = kind.miss is not EvictionPolicy.miss
         # set by a memory hierarchy below HBM: evicted blocks are written down, and under
@@ -95,10 +97,13 @@ class BlockPool:
         # into the router's copy at each refresh
         self.journal: list[tuple[bool, list[int]]] | None = [] if journal else None
 
-    def describe(self, kinds: Sequence[int] | None, request_tokens: int) -> None:
+    def describe(
+        self, kinds: Sequence[int] | None, request_tokens: int, hint: RequestHint | None = None
+    ) -> None:
         """Name the request whose blocks the next calls hand over (for policies that read it)."""
         self.info.chain_kinds = kinds
         self.info.request_tokens = request_tokens
+        self.info.hint = hint
 
     # -- queries ---------------------------------------------------------------------------------
     @property

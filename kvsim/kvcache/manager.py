@@ -98,6 +98,10 @@ class KVCacheManager:
                     block_size
                 )
             info.future = future if pool.policy.needs_future else None
+            if hierarchy:  # an evicted block falls to the first tier below: a chain's marginal
+                # load time per block there, link idle (its latency is shared by the chain)
+                est = hierarchy.load_estimate_s([0, 0])
+                info.lower_load_s = float(est[1] - est[0])
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -141,7 +145,7 @@ class KVCacheManager:
         if memo is not None and memo[0] is pool and memo[1] == pool.version and memo[2] == limit:
             return memo[3], memo[4]
         if pool.head_granular:  # a lossy hit is priced with this request's attention
-            pool.describe(table.kinds, req.input_tokens)
+            pool.describe(table.kinds, req.input_tokens, req.hint)
         hit, evictable = pool.cached_prefix(table.hashes, limit)
         table.hit_memo = (pool, pool.version, limit, hit, evictable)
         return hit, evictable
@@ -249,7 +253,7 @@ class KVCacheManager:
         if load:  # pin the blocks below before allocating, which may push others down
             done = self._start_load(req, hit, load, first)
         if pool.describes:
-            pool.describe(table.kinds, req.input_tokens)
+            pool.describe(table.kinds, req.input_tokens, req.hint)
         pool.acquire(table.hashes, hit, now_s)
         if pool.head_granular:  # the hit this run is computed with (a re-admission's replaces it)
             req.lossy_hits = pool.lossy_blocks
@@ -293,7 +297,7 @@ class KVCacheManager:
         table = req.table
         assert table.hashes is not None
         if pool.reports_misses:
-            pool.describe(table.kinds, req.input_tokens)
+            pool.describe(table.kinds, req.input_tokens, req.hint)
         table.held_cached += pool.register(table.hashes, table.processed_blocks, end, now_s)
         self.block_ops += end - table.processed_blocks
         table.processed_blocks = end
@@ -343,7 +347,7 @@ class KVCacheManager:
         pool = self.pool
         if drop or freed > 0:
             if drop and pool.describes:
-                pool.describe(table.kinds, req.input_tokens)
+                pool.describe(table.kinds, req.input_tokens, req.hint)
             pool.release(table.hashes, drop, max(freed, 0), now_s)
         if freed < 0 and not pool.allocate(-freed):  # compacted pages replace unpinned hits
             # the pool cannot give them (others pin those hits too): the request keeps that
@@ -379,7 +383,7 @@ class KVCacheManager:
         if end > table.processed_blocks:
             pool = self.pool
             if pool.reports_misses:
-                pool.describe(table.kinds, req.input_tokens)
+                pool.describe(table.kinds, req.input_tokens, req.hint)
             table.held_cached += pool.register(hashes, table.processed_blocks, end, now_s)
             self.block_ops += end - table.processed_blocks
         table.processed_blocks = full
@@ -394,7 +398,7 @@ class KVCacheManager:
         uncached = table.held_blocks - len(table.held_cached) + table.reserved
         pool = self.pool
         if pool.describes:
-            pool.describe(table.kinds, req.input_tokens)
+            pool.describe(table.kinds, req.input_tokens, req.hint)
         pool.release(table.hashes, table.held_cached, uncached, now_s)
         self.block_ops += table.held_blocks + table.reserved
 
@@ -414,7 +418,7 @@ class KVCacheManager:
         end = min(req.input_tokens // self.block_size, len(table.hashes))
         if end > table.processed_blocks:
             if pool.reports_misses:
-                pool.describe(table.kinds, req.input_tokens)
+                pool.describe(table.kinds, req.input_tokens, req.hint)
             table.held_cached += pool.register(table.hashes, table.processed_blocks, end, now_s)
             self.block_ops += end - table.processed_blocks
             table.processed_blocks = end

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from kvsim.kvcache.block_table import BlockTable
+from kvsim.policies.base import RequestHint
 
 
 class PageCompression(Protocol):
@@ -45,6 +46,7 @@ class Request:
         "gate",
         "generated",
         "handoff",
+        "hint",
         "index",
         "input_tokens",
         "known",
@@ -97,6 +99,7 @@ class Request:
         self.comp: PageCompression | None = None
         self.kv_peak_blocks = 0
         self.gate = None  # a load from below its compute overlaps (kvsim.engine.gates.LoadGate)
+        self.hint: RequestHint | None = None  # what policies may know of it (session, turn, ...)
 
     # read-only views of the block table (tests and reports read them)
     @property

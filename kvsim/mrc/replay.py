@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.kvcache.block_pool import BlockPool
+from kvsim.kvcache.hints import TraceHints
 from kvsim.kvcache.manager import KVCacheManager
 from kvsim.kvcache.request import Request
 from kvsim.mrc.heads import replay_heads
@@ -44,6 +45,8 @@ class BlockSequence:
     block_size: int
     input_tokens: np.ndarray | None = None
     """Prompt tokens per request (int64); None: each prompt is exactly its full blocks."""
+    hints: TraceHints | None = None
+    """What policies may know of each request (session, turn, ...); None: nothing."""
 
     def __len__(self) -> int:
         return int(self.keys.size)
@@ -60,7 +63,8 @@ class BlockSequence:
             )
         arrival = trace.table.column("arrival_s").to_numpy()
         tokens = trace.table.column("input_tokens").to_numpy().astype(np.int64)
-        return cls(offsets, keys, kinds, np.asarray(arrival, dtype=np.float64), block_size, tokens)
+        arrival = np.asarray(arrival, dtype=np.float64)
+        return cls(offsets, keys, kinds, arrival, block_size, tokens, TraceHints(trace.table))
 
     def prompt_tokens(self) -> np.ndarray:
         """Prompt tokens per request (full blocks x block size where the trace gives none)."""
@@ -174,10 +178,13 @@ def replay(
     add, access, evict, miss = policy.add, policy.access, policy.evict, policy.miss
     resident: set[int] = set()
     info = BlockInfo()
+    hints = seq.hints
     hits = 0
     for row in range(len(offsets) - 1):
         start, end = offsets[row], offsets[row + 1]
         info.now_s = arrivals[row]
+        if hints is not None:
+            info.hint = hints.at(row)
         info.request_tokens = (end - start) * block_size
         parent = 0
         for i in range(start, end):
@@ -262,12 +269,15 @@ def _replay_prefix(
     tokens = seq.prompt_tokens().tolist()
     arrivals = seq.arrival_s.tolist()
     request_hits = np.zeros(len(offsets) - 1, dtype=np.int64)
+    hints = seq.hints
     unserved = 0
     for row in range(len(offsets) - 1):
         chain = keys[offsets[row] : offsets[row + 1]]
         if clock is not None:
             clock.serve(row)
         req = Request(row, tokens[row], 0)
+        if hints is not None:
+            req.hint = hints.at(row)
         plan = kv.lookup(req, budget)
         hit, need = plan[0], plan[4]
         if hit + need > capacity:  # it could never run: an engine refuses it

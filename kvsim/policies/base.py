@@ -120,6 +120,10 @@ class EvictionPolicy(ABC):
     """True when victims are always leaves of the prefix tree by construction."""
     needs_future: ClassVar[bool] = False
     """True when the tier must fill ``BlockInfo.next_use`` (offline oracles)."""
+    reads_info: ClassVar[bool] = False
+    """True when a policy that overrides both ``add_many`` and ``pin_many`` still reads the
+    request fields of ``BlockInfo`` (kinds, hint): the tier then fills them for it, as it does
+    for every policy that keeps the base class's batch loops."""
     Params: ClassVar[type[Any] | None] = None
     """A dataclass of tunables with documented defaults; ``__init__`` then takes ``params``."""
 
