@@ -62,6 +62,7 @@ def expected_docs_table():
         name="t",
         native_block_size=None,
         description="",
+        parent_id=np.array([-1, -1, 0]),  # Alice's second turn follows her first (request 0)
     )
 
 

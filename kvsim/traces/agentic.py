@@ -21,6 +21,12 @@ docs/traces.md, all assumptions stated here):
   root, three subagents) of 2 + geometric(mean 3) calls; instruction 300 ± 200 tokens.
 - Root sessions start as a Poisson process at `rate` sessions/s.
 Each reply and tool output has fresh content (its own hash).
+
+Hints (`kvsim.traces.schema`): category 'agent'; a later call's parent is the call before it in
+its session, a subagent's first call's parent is the root's first call (which spawned it); a
+reply followed by a tool output has `tool_wait_s` = `tool_wait_mean_s`, the mean of the wait
+distribution, never the drawn wait. The root's spawning call also waits for its subagents; the
+hint does not include that (no tool kind here has a mean for it).
 """
 
 from __future__ import annotations
@@ -128,7 +134,14 @@ def generate_agentic(
     )
     tok[is_instr] = np.maximum(1, np.rint(instr))
     msgs = ChatMessages(offsets, kind, tok, hsh)
-    req = chat_requests(msgs, np.arange(n_conv))
+    # Hints: a reply followed by a tool output is a tool call, expected back after the mean
+    # tool wait (never the drawn wait); a subagent's first call follows the root call that
+    # spawned it (the root's first).
+    req = chat_requests(msgs, np.arange(n_conv), category="agent",
+                        tool_wait_s=params.tool_wait_mean_s)  # fmt: skip
+    spawned = (req.session_id >= n_root) & (req.turn == 0)
+    req.parent_session[spawned] = sub_parent[req.session_id[spawned] - n_root]
+    req.parent_turn[spawned] = 0
 
     wait = _lognormal(r_wait, params.tool_wait_mean_s, params.tool_wait_std_s, len(req))
     process = process or PoissonProcess(params.rate, seed)

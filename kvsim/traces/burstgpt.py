@@ -7,6 +7,9 @@ time order, arriving at their real times (open loop, no think time). The trace h
 so each prompt is one opaque segment no other request shares. Failed requests (0 response tokens,
 present in the `BurstGPT_N.csv` files) are kept with 1 output token, since they still occupied a
 prefill; the count is in the trace description.
+
+Hints: `category` from `Log Type`: 'chat' for "Conversation log", 'api' for "API log", any other
+label as written; a later turn of a session follows the turn before it; no tool calls.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from kvsim.traces.csvtrace import (
     to_float,
     to_int,
 )
+from kvsim.traces.schema import MAX_CATEGORY_CHARS
 
 __all__ = ["BURSTGPT_COLUMNS", "read_burstgpt"]
 
@@ -53,6 +57,15 @@ def _check_finite(csv: CsvColumns, bad: np.ndarray) -> list[tuple[int, str]]:
     value = csv.columns["Timestamp"][row].as_py()
     return [(row, f"{csv.shown}:{csv.lines[row]}: field 'Timestamp': expected a finite number "
                   f"of seconds, got {value!r}")]  # fmt: skip
+
+
+def _categories(log_type: pa.Array) -> np.ndarray:
+    """The request kind per row from `Log Type` (see the module docstring)."""
+    text = pc.utf8_slice_codeunits(pc.utf8_trim_whitespace(log_type), 0, MAX_CATEGORY_CHARS)
+    labels = np.asarray(text.to_numpy(zero_copy_only=False), dtype=str)
+    return np.select(
+        [labels == "Conversation log", labels == "API log"], ["chat", "api"], default=labels
+    )
 
 
 def read_burstgpt(
@@ -95,6 +108,8 @@ def read_burstgpt(
     turn[order] = np.arange(n) - group
     req = single_turn_requests(ts - ts.min(), req_tok, np.maximum(resp_tok, 1), session, turn,
                                _DOMAIN)  # fmt: skip
+    req.category = _categories(cols["Log Type"])
+    req.follow_previous_turn()
     description = (
         f"BurstGPT {path.name}: real arrivals, token counts"
         + (" and session ids" if "Session ID" in cols else "")

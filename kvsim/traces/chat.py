@@ -9,6 +9,7 @@ prompt shared by many conversations is shared KV. Token counts: see `kvsim.trace
 Neither source publishes times, so session starts come from an arrival process (Poisson at `rate`
 sessions/s by default) and the think time before each later turn is exponential with mean
 `think_mean_s` (30 s; an assumption, no public source gives it). Both are drawn from the seed.
+Hints: category 'chat'; each later turn's parent is the turn before it.
 
 ShareGPT files (e.g. ShareGPT_V3_unfiltered_cleaned_split.json, ~650 MB) are parsed item by item
 from a JSON array, and LMSYS Parquet in record batches, so neither has to fit in memory at once.
@@ -83,7 +84,7 @@ def _timed_chunk(
 ) -> tuple[Requests, float]:
     """Requests of one batch of conversations, timed; `where(session)` names a conversation."""
     n_conv = msgs.offsets.size - 1
-    req = chat_requests(msgs, np.arange(session_base, session_base + n_conv))
+    req = chat_requests(msgs, np.arange(session_base, session_base + n_conv), category="chat")
     req = drop_oversized_sessions(req, errors, where)
     starts = timing.process.draw(n_conv)
     think = timing.rng.exponential(timing.think_mean_s, len(req))

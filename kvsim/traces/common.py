@@ -24,6 +24,7 @@ from kvsim.traces.schema import KIND_CODES, MAX_REQUEST_TOKENS, make_trace_table
 __all__ = [
     "ChatMessages",
     "Chunked",
+    "RequestIds",
     "Requests",
     "RowErrors",
     "chat_requests",
@@ -86,9 +87,31 @@ def _i64(values: Iterable | np.ndarray) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
 
+#: Per-row columns of `Requests` (segment columns aside), in the order `concat` joins them.
+_ROW_FIELDS = (
+    "session_id", "turn", "arrival_s", "think_time_s", "input_tokens", "output_tokens",
+    "output_hash", "parent_session", "parent_turn", "category", "tool_wait_s",
+)  # fmt: skip
+_KEY = np.dtype([("session", np.int64), ("turn", np.int64)])
+
+
+def _keys(session: np.ndarray, turn: np.ndarray) -> np.ndarray:
+    """(session, turn) pairs as one sortable, searchable array."""
+    keys = np.empty(np.asarray(session).size, _KEY)
+    keys["session"], keys["turn"] = session, turn
+    return keys
+
+
 @dataclass
 class Requests:
-    """Requests as flat columns; `seg_offsets` delimits each row's segments (rows + 1 entries)."""
+    """Requests as flat columns; `seg_offsets` delimits each row's segments (rows + 1 entries).
+
+    Request ids do not exist yet, so a row names its parent (the call it follows) by the parent's
+    (`parent_session`, `parent_turn`); -1 = none. `to_table` turns that into `parent_id`. The
+    parent must be in the same chunk as the row (or an earlier one still pending in a streaming
+    conversion); every source here yields whole sessions with their spawners. The hint columns
+    may be left out (None): no parent, category '', no tool call.
+    """
 
     session_id: np.ndarray
     turn: np.ndarray
@@ -101,6 +124,21 @@ class Requests:
     seg_tokens: np.ndarray
     seg_kinds: np.ndarray
     output_hash: np.ndarray
+    parent_session: np.ndarray | None = None  # -1 = no parent
+    parent_turn: np.ndarray | None = None  # -1 = no parent
+    category: np.ndarray | None = None  # str per row ('' = unknown)
+    tool_wait_s: np.ndarray | None = None  # NaN = null (the reply is not a tool call)
+
+    def __post_init__(self) -> None:
+        n = len(self)
+        if self.parent_session is None:
+            self.parent_session = np.full(n, -1, np.int64)
+        if self.parent_turn is None:
+            self.parent_turn = np.full(n, -1, np.int64)
+        if self.category is None:
+            self.category = np.full(n, "", dtype="<U1")
+        if self.tool_wait_s is None:
+            self.tool_wait_s = np.full(n, np.nan)
 
     def __len__(self) -> int:
         return int(self.session_id.size)
@@ -110,6 +148,12 @@ class Requests:
         z = np.zeros(0, np.int64)
         return cls(z, z, np.zeros(0), np.zeros(0), z, z, np.zeros(1, np.int64), z.astype(np.uint64),
                    z, z.astype(np.uint8), z.astype(np.uint64))  # fmt: skip
+
+    def follow_previous_turn(self) -> None:
+        """Set each later turn's parent to the turn before it in its session (in place)."""
+        later = self.turn > 0
+        self.parent_session = np.where(later, self.session_id, -1).astype(np.int64)
+        self.parent_turn = np.where(later, self.turn - 1, -1).astype(np.int64)
 
     @classmethod
     def concat(cls, parts: list[Requests]) -> Requests:
@@ -124,11 +168,8 @@ class Requests:
         )
         cat = {
             name: np.concatenate([getattr(p, name) for p in parts])
-            for name in (
-                "session_id", "turn", "arrival_s", "think_time_s", "input_tokens",
-                "output_tokens", "seg_hashes", "seg_tokens", "seg_kinds", "output_hash",
-            )
-        }  # fmt: skip
+            for name in (*_ROW_FIELDS, "seg_hashes", "seg_tokens", "seg_kinds")
+        }
         return cls(seg_offsets=offsets.astype(np.int64), **cat)
 
     def take(self, rows: np.ndarray) -> Requests:
@@ -138,9 +179,8 @@ class Requests:
         offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         src = np.repeat(self.seg_offsets[rows] - offsets[:-1], counts) + np.arange(offsets[-1])
         return Requests(
-            self.session_id[rows], self.turn[rows], self.arrival_s[rows], self.think_time_s[rows],
-            self.input_tokens[rows], self.output_tokens[rows], offsets, self.seg_hashes[src],
-            self.seg_tokens[src], self.seg_kinds[src], self.output_hash[rows],
+            seg_offsets=offsets, seg_hashes=self.seg_hashes[src], seg_tokens=self.seg_tokens[src],
+            seg_kinds=self.seg_kinds[src], **{k: getattr(self, k)[rows] for k in _ROW_FIELDS},
         )  # fmt: skip
 
     def order(self) -> np.ndarray:
@@ -148,12 +188,31 @@ class Requests:
         return np.lexsort((self.turn, self.session_id, self.arrival_s))
 
     def to_table(
-        self, *, name: str, native_block_size: int | None, description: str, first_id: int = 0
+        self,
+        *,
+        name: str,
+        native_block_size: int | None,
+        description: str,
+        first_id: int = 0,
+        earlier: RequestIds | None = None,
     ) -> pa.Table:
-        """Canonical table; request ids are assigned in canonical order starting at `first_id`."""
+        """Canonical table; request ids are assigned in canonical order starting at `first_id`.
+
+        Parents resolve among these rows, then among `earlier` (rows already written by a
+        streaming conversion); one found in neither is -1.
+        """
         n = len(self)
         request_id = np.empty(n, np.int64)
         request_id[self.order()] = np.arange(first_id, first_id + n)
+        own = RequestIds()
+        own.add(self.session_id, self.turn, request_id)
+        parent = own.find(self.parent_session, self.parent_turn)
+        if earlier is not None:
+            missing = (parent < 0) & (self.parent_turn >= 0)
+            if missing.any():
+                parent[missing] = earlier.find(
+                    self.parent_session[missing], self.parent_turn[missing]
+                )
         return make_trace_table(
             request_id=request_id,
             session_id=self.session_id,
@@ -170,7 +229,50 @@ class Requests:
             name=name,
             native_block_size=native_block_size,
             description=description,
+            parent_id=parent,
+            category=self.category,
+            tool_wait_s=self.tool_wait_s,
         )
+
+
+class RequestIds:
+    """Request ids by (session, turn): how a row's parent key becomes the parent's `request_id`.
+
+    Sorted arrays searched with `searchsorted`, so a lookup costs no Python loop per row.
+    """
+
+    def __init__(self) -> None:
+        self._keys = np.zeros(0, _KEY)
+        self._ids = np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return int(self._ids.size)
+
+    def add(self, session: np.ndarray, turn: np.ndarray, ids: np.ndarray) -> None:
+        keys = np.concatenate([self._keys, _keys(session, turn)])
+        ids = np.concatenate([self._ids, np.asarray(ids, np.int64)])
+        order = np.argsort(keys, kind="stable")
+        self._keys, self._ids = keys[order], ids[order]
+
+    def find(self, session: np.ndarray, turn: np.ndarray) -> np.ndarray:
+        """The id of each (session, turn); -1 where absent (and where `turn` is -1)."""
+        query = _keys(session, turn)
+        out = np.full(query.size, -1, np.int64)
+        if not self._ids.size or not query.size:
+            return out
+        pos = np.minimum(np.searchsorted(self._keys, query), self._ids.size - 1)
+        hit = (self._keys[pos] == query) & (np.asarray(turn) >= 0)
+        out[hit] = self._ids[pos[hit]]
+        return out
+
+    def keep(self, session: np.ndarray, turn: np.ndarray) -> None:
+        """Forget every entry but these keys (the parents rows still to be written name)."""
+        if not self._ids.size:
+            return
+        query = np.unique(_keys(session, turn))
+        pos = np.minimum(np.searchsorted(self._keys, query), self._ids.size - 1)
+        hit = pos[self._keys[pos] == query]
+        self._keys, self._ids = self._keys[hit], self._ids[hit]
 
 
 @dataclass
@@ -211,12 +313,18 @@ class ChatMessages:
     hashes: np.ndarray
 
 
-def chat_requests(msgs: ChatMessages, session_ids: np.ndarray) -> Requests:
+def chat_requests(
+    msgs: ChatMessages, session_ids: np.ndarray, category: str = "", tool_wait_s: float = 0.0
+) -> Requests:
     """One request per assistant message that has a prompt before it (vectorised, no row loop).
 
     Non-reply messages with 0 tokens are dropped; a reply counts at least 1 token, and the same
     (hash, tokens) segment reappears in later prompts, so the next call reuses its KV. Times are
     left at 0 / NaN: the caller fills them (`closed_loop_times`, or real timestamps).
+
+    Hints: every row gets `category`; a later call follows the call before it in its
+    conversation; a reply followed by a `tool` message is a tool call and gets `tool_wait_s`
+    (0: its duration is unknown; a generator passes its tool-latency mean), the others null.
     """
     kinds = np.asarray(msgs.kinds, np.uint8)
     tokens = _i64(msgs.tokens)
@@ -240,8 +348,15 @@ def chat_requests(msgs: ChatMessages, session_ids: np.ndarray) -> Requests:
     first_call = np.concatenate(([True], call_conv[1:] != call_conv[:-1])) if calls.size else calls
     group = np.maximum.accumulate(np.where(first_call, np.arange(calls.size), 0))
     turn = np.arange(calls.size, dtype=np.int64) - group
-    return Requests(
-        session_id=_i64(session_ids)[call_conv],
+    after = np.minimum(calls + 1, max(conv.size - 1, 0))
+    is_tool_call = (
+        (calls + 1 < conv.size) & (conv[after] == call_conv) & (kinds[after] == KIND_CODES["tool"])
+        if calls.size
+        else np.zeros(0, bool)
+    )
+    session = _i64(session_ids)[call_conv]
+    req = Requests(
+        session_id=session,
         turn=turn,
         arrival_s=np.zeros(calls.size),
         think_time_s=np.full(calls.size, np.nan),
@@ -252,7 +367,11 @@ def chat_requests(msgs: ChatMessages, session_ids: np.ndarray) -> Requests:
         seg_tokens=seg_tokens,
         seg_kinds=kinds[src],
         output_hash=hashes[calls],
+        category=np.full(calls.size, category),
+        tool_wait_s=np.where(is_tool_call, tool_wait_s, np.nan),
     )
+    req.follow_previous_turn()
+    return req
 
 
 def closed_loop_times(

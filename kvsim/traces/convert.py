@@ -4,6 +4,8 @@ A chunk's rows earlier than the source's frontier can no longer be preceded by a
 come, so they are sorted and written; the rest wait for the next chunk. Memory stays at about one
 chunk plus the sessions still in progress. Request ids are assigned in write order, which is the
 canonical (arrival, session, turn) order, so the file reads back exactly as `load_trace` builds it.
+A row written before its children keeps its id in a small index until the last pending row that
+names it as parent is written, so `parent_id` resolves across writes without holding the trace.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pyarrow.parquet as pq
 
 from kvsim.atomic import check_writable, write_file
 from kvsim.errors import KvsimError
-from kvsim.traces.common import Chunked, Requests
+from kvsim.traces.common import Chunked, RequestIds, Requests
 from kvsim.traces.schema import (
     META_SKIPPED,
     TRACE_SCHEMA,
@@ -54,6 +56,7 @@ def _convert(source: Chunked | Trace, out: Path) -> tuple[int, int]:
     meta = _metadata(source.name, source.native_block_size, source.description)
     schema = TRACE_SCHEMA.with_metadata(meta)
     pending = Requests.empty()
+    parents = RequestIds()  # ids of written rows that pending rows name as parent
     written = 0
     with pq.ParquetWriter(out, schema) as writer:
 
@@ -67,8 +70,10 @@ def _convert(source: Chunked | Trace, out: Path) -> tuple[int, int]:
                 native_block_size=source.native_block_size,
                 description=source.description,
                 first_id=written,
+                earlier=parents,
             )
             writer.write_table(table.cast(schema))
+            parents.add(*(table.column(c).to_numpy() for c in ("session_id", "turn", "request_id")))
             written += len(req)
 
         for chunk, frontier in source.chunks:
@@ -76,6 +81,7 @@ def _convert(source: Chunked | Trace, out: Path) -> tuple[int, int]:
             ready = pending.arrival_s < frontier
             emit(pending.take(ready))
             pending = pending.take(~ready)
+            parents.keep(pending.parent_session, pending.parent_turn)
         emit(pending)
     if written == 0:
         raise source.no_requests()

@@ -8,8 +8,14 @@ hashes match the source's blocks one for one. Tool events (`tool_start`/`tool_en
 carry durations; a session's later calls are closed-loop, issued `think_time_s` after the previous
 call ended, where think time is the measured gap (tool execution, including a subagent tool's whole
 run, plus harness overhead). Subagents (`parent_session_id`) are sessions of their own; their
-prompts share the root's prefix blocks through the real hashes. The parent link is kept in the
-description, not as a column. Replies are not content-addressed in this format (`output_hash` 0).
+prompts share the root's prefix blocks through the real hashes; the description lists the links.
+Replies are not content-addressed in this format (`output_hash` 0).
+
+Hints: category 'agent'. A later call's parent is the call before it in its session; a subagent's
+first call's parent is the last call of its parent session that ended before it started (the call
+whose tool started the subagent). A call whose session logs a tool event between its end and the
+session's next call is a tool call: `tool_wait_s` 0 (the trace records durations only after the
+fact, and using them would show the future).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ def read_dynamo(
     errors = RowErrors(skip=skip_bad_rows)
     rows: list[dict] = []
     tools: dict[str, list[float]] = {}
+    tool_times: dict[str, list[float]] = {}  # when each session logged a tool event, ms
     parents: dict[str, str] = {}
     block: int | None = None
     for line_no, raw in iter_lines(path, shown):
@@ -82,6 +89,7 @@ def read_dynamo(
             parents[session] = ctx["parent_session_id"]
         kind = event.get("event_type")
         if kind in _TOOL_EVENTS:
+            tool_times.setdefault(session, []).append(float(ts))
             tool = _table(event.get("tool"))
             if kind != "tool_start" and _num(tool.get("duration_ms")):
                 tools.setdefault(session, []).append(float(tool["duration_ms"]))
@@ -169,12 +177,16 @@ def read_dynamo(
     seg_tokens = np.full(flat.size, block, np.int64)
     has = counts > 0
     seg_tokens[offsets[1:][has] - 1] = inputs[has] - block * (counts[has] - 1)
+    parent_session, parent_turn, tool_call = _hints(rows, session, turn, names, parents,
+                                                    tool_times)  # fmt: skip
     req = Requests(
         session_id=session, turn=turn, arrival_s=arrival, think_time_s=think,
         input_tokens=inputs, output_tokens=np.array([r["out"] for r in rows], np.int64),
         seg_offsets=offsets, seg_hashes=mix(_DOMAIN, flat, np.zeros(1, np.uint64)),
         seg_tokens=seg_tokens, seg_kinds=np.full(flat.size, KIND_CODES["opaque"], np.uint8),
-        output_hash=np.zeros(n, np.uint64),
+        output_hash=np.zeros(n, np.uint64), parent_session=parent_session,
+        parent_turn=parent_turn, category=np.full(n, "agent"),
+        tool_wait_s=np.where(tool_call, 0.0, np.nan),
     )  # fmt: skip
     n_tools = sum(len(v) for v in tools.values())
     links = "; ".join(f"{k} <- {v}" for k, v in sorted(parents.items()))
@@ -185,3 +197,42 @@ def read_dynamo(
     )
     return Chunked(iter([(req, np.inf)]), name or path.name.split(".")[0], block, description,
                    errors)  # fmt: skip
+
+
+def _hints(
+    rows: list[dict],
+    session: np.ndarray,
+    turn: np.ndarray,
+    names: dict[str, int],
+    parents: dict[str, str],
+    tool_times: dict[str, list[float]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(parent session, parent turn, is a tool call) per row; rows sorted by start.
+
+    Why the rules (module docstring): the trace says which session spawned which, not which call,
+    so the spawning call is the parent session's last call that ended before the subagent began.
+    """
+    n = len(rows)
+    p_session = np.where(turn > 0, session, -1).astype(np.int64)
+    p_turn = np.where(turn > 0, turn - 1, -1).astype(np.int64)
+    tool_call = np.zeros(n, bool)
+    by_session: dict[int, list[int]] = {}
+    for i in range(n):
+        by_session.setdefault(int(session[i]), []).append(i)
+    for name, code in names.items():
+        mine = by_session[code]
+        times = np.sort(np.asarray(tool_times.get(name, []), np.float64))
+        for k, i in enumerate(mine):
+            end = rows[i]["end"]
+            upto = rows[mine[k + 1]]["start"] if k + 1 < len(mine) else np.inf
+            lo = np.searchsorted(times, end, side="left")
+            tool_call[i] = lo < times.size and times[lo] < upto
+        parent = parents.get(name)
+        if parent is None or parent not in names:
+            continue
+        first = rows[mine[0]]["start"]
+        done = [j for j in by_session[names[parent]] if rows[j]["end"] <= first]
+        if done:
+            j = max(done, key=lambda j: (rows[j]["end"], j))
+            p_session[mine[0]], p_turn[mine[0]] = session[j], turn[j]
+    return p_session, p_turn, tool_call

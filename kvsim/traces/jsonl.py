@@ -24,6 +24,13 @@ canonical table (see `kvsim.traces.schema` and docs/traces.md). A line is one JS
 - `think_time_s` (optional): for a later turn, issue it this long after the previous turn of its
   session finished (closed loop) instead of at `arrival_s`; null or left out: open loop.
 - `input_tokens` (optional): checked against the sum of segment tokens.
+- `category` (optional): the request's kind, a string such as 'chat', 'api' or 'agent'; '' when
+  left out.
+- `tool_wait_s` (optional): the reply is a tool call whose result is expected back in about this
+  many seconds (0: unknown), finite and >= 0; null or left out: not a tool call. An expectation,
+  not the gap the trace then shows (policies must not see the future).
+
+A later turn's `parent_id` is the turn before it in its session.
 
 Any other field is refused (a typo such as `arrival` would otherwise be silently ignored).
 With `skip_bad_rows` a bad row is left out and counted, and its session's later turns move up;
@@ -45,7 +52,7 @@ import numpy as np
 
 from kvsim.textio import parse_json
 from kvsim.traces.common import Chunked, Requests, RowErrors, iter_lines
-from kvsim.traces.schema import KIND_CODES, MAX_REQUEST_TOKENS, SEGMENT_KINDS
+from kvsim.traces.schema import KIND_CODES, MAX_CATEGORY_CHARS, MAX_REQUEST_TOKENS, SEGMENT_KINDS
 
 __all__ = ["JSONL_FIELDS", "read_jsonl", "string_hash"]
 
@@ -58,6 +65,8 @@ JSONL_FIELDS = (
     "turn",
     "think_time_s",
     "input_tokens",
+    "category",
+    "tool_wait_s",
 )
 _REQUIRED = ("arrival_s", "segments", "output_tokens")
 _HASH_LIMIT = 2**64
@@ -182,6 +191,13 @@ def _row(raw: bytes) -> dict[str, Any]:
     if turn is not None and (type(turn) is not int or not 0 <= turn < 2**31):
         raise _fail("turn", f"expected an integer in [0, 2^31), got {_shown(turn)}")
     think = row.get("think_time_s")
+    category = row.get("category", "")
+    if not isinstance(category, str) or len(category) > MAX_CATEGORY_CHARS:
+        raise _fail(
+            "category",
+            f"expected a string of at most {MAX_CATEGORY_CHARS} characters, got {_shown(category)}",
+        )
+    wait = row.get("tool_wait_s")
     return {
         "arrival": _seconds(row["arrival_s"], "arrival_s"),
         "segments": segs,
@@ -190,6 +206,8 @@ def _row(raw: bytes) -> dict[str, Any]:
         "session": session,
         "turn": turn,
         "think": math.nan if think is None else _seconds(think, "think_time_s"),
+        "category": category,
+        "tool_wait": math.nan if wait is None else _seconds(wait, "tool_wait_s"),
     }
 
 
@@ -301,7 +319,7 @@ def _requests(
     offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     flat = [seg for r in rows for seg in r["segments"]]
     seg_tokens = np.array([t for _, t, _ in flat], np.int64)
-    return Requests(
+    req = Requests(
         session_id=session,
         turn=turn,
         arrival_s=arrival,
@@ -313,4 +331,8 @@ def _requests(
         seg_tokens=seg_tokens,
         seg_kinds=np.array([k for _, _, k in flat], np.uint8),
         output_hash=np.array([r["output_hash"] for r in rows], np.uint64),
+        category=np.array([r["category"] for r in rows], dtype=str),
+        tool_wait_s=np.array([r["tool_wait"] for r in rows], np.float64),
     )
+    req.follow_previous_turn()
+    return req

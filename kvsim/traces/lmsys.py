@@ -14,6 +14,7 @@ Drawn:
   far more. No per-turn median is published, so the shape of the body is an assumption.
 - Session starts: Poisson at `rate` sessions/s; think time before a later turn exponential, mean
   30 s (assumed; no public source). Every message has fresh content (its own hash).
+- Hints: category 'chat'; each later turn follows the turn before it; no tool calls.
 
 `write_lmsys_parquet` writes the same draws as an LMSYS-Chat-1M-format Parquet file (text of
 4 bytes per token), for fixtures and the conversion benchmark.
@@ -107,7 +108,7 @@ def generate_lmsys(
 ) -> Trace:
     """The `lmsys` trace; same seed and params, same table."""
     msgs = draw_lmsys(params, seed)
-    req = chat_requests(msgs, np.arange(params.sessions))
+    req = chat_requests(msgs, np.arange(params.sessions), category="chat")
     process = process or PoissonProcess(params.rate, seed)
     starts = process.draw(params.sessions)
     think = np.random.default_rng([seed, 0x7468]).exponential(params.think_mean_s, len(req))

@@ -13,6 +13,21 @@ new loader and nothing else. Columns (sorted by `arrival_s`, then `request_id`):
   pieces, `sum(tokens) == input_tokens`, each `tokens >= 1`, `kind` in `SEGMENT_KINDS`.
 - `output_hash` uint64: content hash of the reply (0: not content-addressed).
 
+Request hints: what a serving system knows about a request beyond its tokens (issue 23; policies
+see them as `kvsim.policies.base.RequestHint`). Files written before they existed load with the
+defaults.
+
+- `parent_id` int64: the `request_id` of the call this request follows (the previous turn of its
+  session, or the agent call that spawned a subagent); -1 = none or unknown. A parent outside the
+  table (a slice of a longer trace) is allowed.
+- `category` string: the request's kind as the source labels it: 'chat', 'api', 'agent', or a
+  source's own labels such as qwen-bailian's 'text', 'search', 'image', 'file'; '' = unknown.
+- `tool_wait_s` float64, nullable: null = the reply is not a tool call (or it is not known);
+  >= 0 = the reply is a tool call whose result is expected back in about this long (0 = the
+  duration is unknown). Never the observed gap to the next turn, which would show policies the
+  future: a generator puts its tool-latency mean, a recorded trace 0. It describes the reply, so
+  it is known once the reply is decoded, not at arrival.
+
 Schema metadata: `kvsim.trace_name`, `kvsim.native_block_size` (absent when the source has none),
 `kvsim.description` (one line on what is real and what is drawn), `kvsim.skipped_rows` (malformed
 source rows left out under `skip_bad_rows`; absent when none).
@@ -37,8 +52,10 @@ from kvsim.errors import TraceError
 from kvsim.textio import one_line
 
 __all__ = [
+    "HINT_COLUMNS",
     "IMPLAUSIBLE_SPAN_S",
     "KIND_CODES",
+    "MAX_CATEGORY_CHARS",
     "MAX_REQUEST_TOKENS",
     "SEGMENT_KINDS",
     "SEGMENT_TYPE",
@@ -51,6 +68,7 @@ __all__ = [
     "segment_columns",
     "trace_warnings",
     "validate_trace",
+    "with_hint_columns",
     "write_trace",
 ]
 
@@ -58,6 +76,9 @@ __all__ = [
 #: served today are about 10^7 tokens; 10^8 leaves room for any real trace while catching the
 #: counts that are really bytes, ids or corrupt cells (and stays far inside int32).
 MAX_REQUEST_TOKENS = 100_000_000
+#: Longest `category` label a loader accepts: labels are short names ('chat', 'search'); a long
+#: one is a misplaced field, and one per row in a fixed-width array would cost memory.
+MAX_CATEGORY_CHARS = 64
 #: Arrivals past this (30 days) are almost surely in the wrong unit: `Trace.warnings` says so.
 IMPLAUSIBLE_SPAN_S = 30 * 86_400.0
 
@@ -88,8 +109,13 @@ TRACE_SCHEMA = pa.schema(
         pa.field("output_tokens", pa.int32(), nullable=False),
         pa.field("segments", pa.list_(SEGMENT_TYPE), nullable=False),
         pa.field("output_hash", pa.uint64(), nullable=False),
+        pa.field("parent_id", pa.int64(), nullable=False),
+        pa.field("category", pa.string(), nullable=False),
+        pa.field("tool_wait_s", pa.float64(), nullable=True),
     ]
 )
+#: The request-hint columns: optional on input (older files lack them), filled with defaults.
+HINT_COLUMNS = ("parent_id", "category", "tool_wait_s")
 
 
 @dataclass(frozen=True)
@@ -108,6 +134,7 @@ class Trace:
 
     @classmethod
     def from_table(cls, table: pa.Table, source: str = "trace") -> Trace:
+        table = with_hint_columns(table)
         meta = table.schema.metadata or {}
         block = _meta_int(meta, META_BLOCK, source, low=1)
         name = _meta_text(meta, META_NAME, source)
@@ -190,6 +217,43 @@ def _metadata(name: str, native_block_size: int | None, description: str) -> dic
     return meta
 
 
+def with_hint_columns(table: pa.Table) -> pa.Table:
+    """`table` with each missing hint column appended, filled with its default (-1, '', null).
+
+    Why: a file written before the hint columns existed must still load and replay the same.
+    """
+    n = table.num_rows
+    defaults = {
+        "parent_id": lambda: pa.array(np.full(n, -1, np.int64), pa.int64()),
+        "category": lambda: _categories("", n),
+        "tool_wait_s": lambda: pa.nulls(n, pa.float64()),
+    }
+    for name in HINT_COLUMNS:
+        if name not in table.schema.names:
+            table = table.append_column(TRACE_SCHEMA.field(name), defaults[name]())
+    return table
+
+
+def _categories(category: str | np.ndarray | list[str] | None, n: int) -> pa.Array:
+    """The `category` column from one label for every row or one per row (None: '')."""
+    if category is None or isinstance(category, str):
+        label = category or ""
+        return pc.take(pa.array([label], pa.string()), pa.array(np.zeros(n, np.int32)))
+    values = np.asarray(category, dtype=str)
+    if values.size != n:
+        raise ValueError(f"category: expected {n} labels, got {values.size}")
+    labels, codes = np.unique(values, return_inverse=True)
+    return pc.take(pa.array(labels.tolist(), pa.string()), pa.array(codes.astype(np.int64)))
+
+
+def _nullable_seconds(values: np.ndarray | None, n: int) -> pa.Array:
+    """A float64 column with NaN as null (None: all null)."""
+    if values is None:
+        return pa.nulls(n, pa.float64())
+    arr = np.asarray(values, dtype=np.float64)
+    return pa.array(arr, mask=np.isnan(arr), type=pa.float64())
+
+
 def make_trace_table(
     *,
     request_id: np.ndarray,
@@ -207,19 +271,20 @@ def make_trace_table(
     name: str,
     native_block_size: int | None,
     description: str,
+    parent_id: np.ndarray | None = None,
+    category: str | np.ndarray | list[str] | None = None,
+    tool_wait_s: np.ndarray | None = None,
 ) -> pa.Table:
     """Build a canonical table from flat columns, sorted by (arrival_s, request_id).
 
-    `think_time_s` may be None (all null) or a float array with NaN for null. Segments arrive flat
-    with offsets, so no per-row Python object is built.
+    `think_time_s` and `tool_wait_s` may be None (all null) or a float array with NaN for null.
+    `parent_id` None means -1 (none) for every row; `category` is one label for every row or one
+    per row (None: ''). Segments arrive flat with offsets, so no per-row Python object is built.
     """
     n = len(request_id)
     _check_token_counts(name, input_tokens, output_tokens, seg_tokens, seg_offsets)
-    if think_time_s is None:
-        think = pa.nulls(n, pa.float64())
-    else:
-        think_np = np.asarray(think_time_s, dtype=np.float64)
-        think = pa.array(think_np, mask=np.isnan(think_np), type=pa.float64())
+    think = _nullable_seconds(think_time_s, n)
+    parent = np.full(n, -1, np.int64) if parent_id is None else parent_id
     kinds = pc.take(pa.array(SEGMENT_KINDS, pa.string()), pa.array(seg_kinds, pa.uint8()))
     values = pa.StructArray.from_arrays(
         [pa.array(seg_hashes, pa.uint64()), pa.array(seg_tokens, pa.int32()), kinds],
@@ -236,6 +301,9 @@ def make_trace_table(
         pa.array(output_tokens, pa.int32()),
         segments.cast(pa.list_(SEGMENT_TYPE)),
         pa.array(output_hash, pa.uint64()),
+        pa.array(parent, pa.int64()),
+        _categories(category, n),
+        _nullable_seconds(tool_wait_s, n),
     ]
     schema = TRACE_SCHEMA.with_metadata(_metadata(name, native_block_size, description))
     table = pa.Table.from_arrays(columns, schema=schema)
@@ -298,10 +366,13 @@ def _np(table: pa.Table, name: str) -> np.ndarray:
 
 
 def _check_columns(table: pa.Table, source: str) -> None:
-    """Every canonical column is present, of its type, and null only where allowed."""
+    """Every canonical column is present (hint columns may be missing: `with_hint_columns`
+    fills them), of its type, and null only where allowed."""
     names = table.schema.names
     for field in TRACE_SCHEMA:
         if field.name not in names:
+            if field.name in HINT_COLUMNS:  # written before hints existed: defaults apply
+                continue
             raise TraceError(f"{source}: field {field.name!r}: missing column")
         if names.count(field.name) > 1:
             raise TraceError(f"{source}: field {field.name!r}: appears {names.count(field.name)} "
@@ -346,6 +417,23 @@ def _row_problems(table: pa.Table) -> tuple[np.ndarray, list[tuple[int, str, str
         think,
     )
     check(turn < 0, "turn", "expected >= 0", turn)
+    if "parent_id" in table.schema.names:
+        parent = _np(table, "parent_id")
+        check(parent < -1, "parent_id", "expected a request id or -1 (none)", parent)
+        check(
+            parent == _np(table, "request_id"),
+            "parent_id",
+            "expected another request's id (a request cannot follow itself)",
+            parent,
+        )
+    if "tool_wait_s" in table.schema.names:
+        wait = table.column("tool_wait_s").to_numpy(zero_copy_only=False)
+        check(
+            (~np.isnan(wait) & ~(wait >= 0)) | np.isinf(wait),
+            "tool_wait_s",
+            "expected null or finite >= 0",
+            wait,
+        )
     check(inputs < 1, "input_tokens", "expected >= 1 (a request needs a prompt)", inputs)
     check(
         inputs > MAX_REQUEST_TOKENS,
@@ -460,9 +548,11 @@ def drop_bad_rows(table: pa.Table, source: str) -> tuple[pa.Table, int]:
 
     For `skip_bad_rows` on a canonical file. A session that lost a row has its later turns
     renumbered, so the rest of it still replays (its prompts keep their segments, so the KV they
-    would have reused is simply missing). Problems of the whole file still raise.
+    would have reused is simply missing), and a request whose parent was dropped has parent -1.
+    Problems of the whole file still raise. Missing hint columns come back with their defaults.
     """
     _check_columns(table, source)
+    table = with_hint_columns(table)
     if table.num_rows == 0:
         return table, 0
     bad, _ = _row_problems(table)
@@ -470,7 +560,12 @@ def drop_bad_rows(table: pa.Table, source: str) -> tuple[pa.Table, int]:
         return table, 0
     session = _np(table, "session_id")
     hit = np.isin(session, session[bad])
+    orphan = np.isin(_np(table, "parent_id"), _np(table, "request_id")[bad])[~bad]
     table = table.filter(pa.array(~bad))
+    if orphan.any():
+        parent = np.where(orphan, -1, _np(table, "parent_id"))
+        index = table.schema.get_field_index("parent_id")
+        table = table.set_column(index, table.schema.field(index), pa.array(parent, pa.int64()))
     hit = hit[~bad]
     if hit.any():
         turn = _np(table, "turn").copy()
@@ -490,7 +585,8 @@ def read_trace(path: str | Path, skip_bad_rows: bool = False) -> Trace:
     """Read and validate a canonical trace written by `write_trace`.
 
     With `skip_bad_rows`, rows wrong on their own are dropped and counted (`drop_bad_rows`),
-    added to any count the file already carries from its conversion.
+    added to any count the file already carries from its conversion. A file written before the
+    hint columns existed gets their defaults (`with_hint_columns`).
     """
     path = Path(path)
     try:
@@ -498,6 +594,8 @@ def read_trace(path: str | Path, skip_bad_rows: bool = False) -> Trace:
         table.validate(full=True)  # a damaged page (bad UTF-8, bad offsets) stops here
     except (OSError, ValueError, pa.ArrowException) as exc:  # ValueError: bad UTF-8
         raise TraceError(f"{path}: cannot read as Parquet: {one_line(exc)}") from None
+    _check_columns(table, str(path))  # a hint column of the wrong type fails before filling
+    table = with_hint_columns(table)
     if skip_bad_rows:
         table, dropped = drop_bad_rows(table, str(path))
         if dropped:

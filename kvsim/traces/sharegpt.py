@@ -29,6 +29,8 @@ the segment `(output_hash_i, output_tokens_i, "assistant")` of turn i's reply, s
 reuses the KV of generated tokens. Turns after the first carry `think_time_s` (closed loop);
 their `arrival_s` is a nominal open-loop estimate: previous arrival +
 `nominal_s_per_output_token` x previous reply + think time (prefill and queueing ignored).
+
+Hints: category 'chat'; each later turn's `parent_id` is the turn before it; no tool calls.
 """
 
 from __future__ import annotations
@@ -188,6 +190,8 @@ def generate_sharegpt(
     order = np.lexsort((turn, session, arrival_s))
     request_id = np.empty(n_req, dtype=np.int64)
     request_id[order] = np.arange(n_req)
+    # Each later turn follows the turn before it (the row before it: rows are session-major).
+    parent_id = np.where(later, request_id[np.maximum(np.arange(n_req) - 1, 0)], -1)
 
     description = (
         "ShareGPT-like chat: real first-turn prompt lengths (500 ShareGPT prompts, chars/4); "
@@ -210,6 +214,8 @@ def generate_sharegpt(
         name=name,
         native_block_size=None,
         description=description,
+        parent_id=parent_id,
+        category="chat",
     )
     if max_requests is not None:
         table = table.slice(0, max_requests)

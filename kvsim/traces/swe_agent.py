@@ -11,6 +11,10 @@ Real: the call structure and text (token counts: `kvsim.traces.text`). Drawn or 
 no wall-clock times, so the session starts at 0 (files after the first: see `read_swe_agent`) and
 the think time before call k+1 is step k's `execution_time` when the file has it, else 0 (the next
 call issues as soon as the previous reply ends).
+
+Hints: category 'agent'; each later call follows the call before it; a reply followed by an
+observation is a tool call, `tool_wait_s` 0 (the file holds no expected duration, and its
+`execution_time` is the observed gap, which would show the future).
 """
 
 from __future__ import annotations
@@ -114,7 +118,7 @@ def read_swe_agent(
     kind_arr = np.asarray(kinds, np.uint8)
     msgs = ChatMessages(np.asarray(offsets, np.int64), kind_arr, counter.count(text_arr),
                         content_hashes(text_arr, kind_arr))  # fmt: skip
-    req = chat_requests(msgs, np.arange(len(paths)))
+    req = chat_requests(msgs, np.arange(len(paths)), category="agent")
     req = drop_oversized_sessions(req, errors, lambda session: str(paths[session]))
     think = np.zeros(len(req))
     for i in np.flatnonzero(req.turn > 0):

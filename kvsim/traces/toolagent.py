@@ -36,6 +36,10 @@ Structure (each session is an agent loop; every call re-sends the whole history)
   conversation trace 59 min; the arXiv trace, also 23,608 requests, has its first 1,000 in 177 s),
   so the default rate makes 23,608 requests span about 3,600 s.
 
+Hints: category 'agent'; each later call follows the call before it; every reply followed by a
+tool output is a tool call with `tool_wait_s` 0, as the real trace would carry it (known to be a
+tool call, duration unknown).
+
 The free structure parameters (prefix count, prefix lengths, calls per session) are calibrated
 offline, once: see `ToolAgentParams`. Nothing is tuned at run time.
 """
@@ -230,7 +234,7 @@ def generate_toolagent(
     sessions = math.ceil(want / params.mean_calls * 1.1) + 16
     for _ in range(_MAX_DOUBLINGS):
         msgs, wait = _draw(params, sessions, seed)
-        req = chat_requests(msgs, np.arange(sessions))
+        req = chat_requests(msgs, np.arange(sessions), category="agent")
         starts = PoissonProcess(params.rate, seed).draw(sessions)
         closed_loop_times(req, starts[req.session_id], wait)
         if int((req.arrival_s < starts[-1]).sum()) >= want:
