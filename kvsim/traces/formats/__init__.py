@@ -13,6 +13,7 @@ from pathlib import Path
 from kvsim.errors import TraceError, UnknownNameError
 from kvsim.plugins import Registry
 from kvsim.traces.formats.azure import Azure
+from kvsim.traces.formats.bailian import QwenBailian
 from kvsim.traces.formats.base import Head, ReadOptions, TraceFormat
 from kvsim.traces.formats.burstgpt import BurstGPT
 from kvsim.traces.formats.canonical import Canonical
@@ -39,7 +40,8 @@ register = _REGISTRY.register
 
 # Registration order is the order error messages list formats in, and the order detection asks
 # formats that match a file's name (catch-alls last).
-for _cls in (Canonical, Jsonl, Mooncake, ShareGPT, Lmsys, Azure, BurstGPT, Dynamo, SweAgent):
+for _cls in (Canonical, Jsonl, Mooncake, ShareGPT, Lmsys, Azure, BurstGPT, Dynamo, SweAgent,
+             QwenBailian):  # fmt: skip
     register(_cls)
 
 
