@@ -400,7 +400,11 @@ def _row_problems(table: pa.Table) -> tuple[np.ndarray, list[tuple[int, str, str
     def check(mask: np.ndarray, field: str, message: str, values: np.ndarray | None) -> None:
         if mask.any():
             row = int(np.flatnonzero(mask)[0])
-            got = "" if values is None else f", got {values[row]!r}"
+            value = None if values is None else values[row]
+            value = (
+                value.item() if isinstance(value, np.generic) else value
+            )  # 2.0, not np.float64(2.0)
+            got = "" if values is None else f", got {value!r}"
             firsts.append((row, field, message + got))
             bad[mask] = True
 
