@@ -269,7 +269,12 @@ class Cluster:
         bs = self.block_size
         full = min(req.input_tokens // bs, len(hashes))
         route = RouteRequest(
-            req.index, int(self.session_of[req.index]), req.input_tokens, bs, hashes[:full]
+            req.index,
+            int(self.session_of[req.index]),
+            req.input_tokens,
+            bs,
+            hashes[:full],
+            req.hint,
         )
         self.view.begin(route)
         return route

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from kvsim.errors import ConfigError
+from kvsim.policies.base import RequestHint
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,7 @@ class RouteRequest:
     input_tokens: int
     block_size: int
     hashes: Sequence[int]  # chained hashes of the prompt's full blocks, first block first
+    hint: RequestHint | None = None  # what the serving system knows of it (turn, category, ...)
 
     @property
     def blocks(self) -> int:
