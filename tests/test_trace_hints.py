@@ -16,6 +16,7 @@ from kvsim.errors import TraceError
 from kvsim.traces import load_trace, read_trace, traces_dir, validate_trace, write_trace
 from kvsim.traces.agentic import AgenticParams
 from kvsim.traces.chat import read_lmsys, read_sharegpt_json
+from kvsim.traces.common import RequestIds
 from kvsim.traces.convert import convert_to_parquet
 from kvsim.traces.lmsys import LmsysParams, write_lmsys_parquet
 from kvsim.traces.replay import collect
@@ -254,3 +255,18 @@ def test_skipping_a_parent_orphans_its_children():
     ids = kept.column("request_id").to_pylist()
     assert kept.column("parent_id")[ids.index(rid)].as_py() == -1
     validate_trace(kept, "src")
+
+
+@pytest.mark.parametrize("base", [0, 2**40])  # packed keys, and the two-field fallback
+def test_request_ids_find_and_keep(base):
+    ids = RequestIds()
+    ids.add(np.array([5, 5, 9]) + base, np.array([0, 1, 0]), np.array([10, 11, 12]))
+    ids.add(np.array([9]) + base, np.array([1]), np.array([13]))
+    assert ids.rank.tolist() == [3]  # (9, 1) sorts last
+    found = ids.find(np.array([5, 9, 9, 7, 5]) + base, np.array([1, 1, 0, 0, -1]))
+    assert found.tolist() == [11, 13, 12, -1, -1]
+    ids.keep(np.array([9, 4]) + base, np.array([0, 0]))
+    assert len(ids) == 1 and ids.find(np.array([9, 5]) + base, np.array([0, 0])).tolist() == [
+        12,
+        -1,
+    ]

@@ -204,15 +204,7 @@ class Requests:
         n = len(self)
         request_id = np.empty(n, np.int64)
         request_id[self.order()] = np.arange(first_id, first_id + n)
-        own = RequestIds()
-        own.add(self.session_id, self.turn, request_id)
-        parent = own.find(self.parent_session, self.parent_turn)
-        if earlier is not None:
-            missing = (parent < 0) & (self.parent_turn >= 0)
-            if missing.any():
-                parent[missing] = earlier.find(
-                    self.parent_session[missing], self.parent_turn[missing]
-                )
+        parent = self._parent_ids(request_id, earlier)
         return make_trace_table(
             request_id=request_id,
             session_id=self.session_id,
@@ -234,34 +226,77 @@ class Requests:
             tool_wait_s=self.tool_wait_s,
         )
 
+    def _parent_ids(self, request_id: np.ndarray, earlier: RequestIds | None) -> np.ndarray:
+        """`parent_id` per row: the previous turn by position in (session, turn) order (most
+        parents, no search), the rest searched among these rows and then `earlier`."""
+        own = RequestIds()
+        own.add(self.session_id, self.turn, request_id)
+        prev = np.maximum(own.rank - 1, 0)
+        follows = (
+            (self.parent_turn >= 0)
+            & (self.parent_session == self.session_id)
+            & (self.parent_turn == self.turn - 1)
+            & (own.rank > 0)
+            & (own._session[prev] == self.session_id)
+            & (own._turn[prev] == self.turn - 1)
+        )
+        parent = np.where(follows, own._ids[prev], -1)
+        rest = np.flatnonzero(~follows & (self.parent_turn >= 0))
+        if rest.size:
+            parent[rest] = own.find(self.parent_session[rest], self.parent_turn[rest])
+            missing = rest[parent[rest] < 0]
+            if earlier is not None and missing.size:
+                parent[missing] = earlier.find(
+                    self.parent_session[missing], self.parent_turn[missing]
+                )
+        return parent
+
 
 class RequestIds:
     """Request ids by (session, turn): how a row's parent key becomes the parent's `request_id`.
 
-    Sorted arrays searched with `searchsorted`, so a lookup costs no Python loop per row.
+    Kept sorted by (session, turn) and searched with `searchsorted`, so a lookup costs no Python
+    loop per row. Keys pack into one int64 when sessions are in [0, 2^32) (every built-in
+    source); other sessions fall back to a slower two-field search.
     """
 
     def __init__(self) -> None:
-        self._keys = np.zeros(0, _KEY)
+        self._session = np.zeros(0, np.int64)
+        self._turn = np.zeros(0, np.int64)
         self._ids = np.zeros(0, np.int64)
+        #: After `add`: where each added row went in the sorted keys (in the order it was given).
+        self.rank = np.zeros(0, np.int64)
 
     def __len__(self) -> int:
         return int(self._ids.size)
 
     def add(self, session: np.ndarray, turn: np.ndarray, ids: np.ndarray) -> None:
-        keys = np.concatenate([self._keys, _keys(session, turn)])
+        had = self._ids.size
+        session = np.concatenate([self._session, np.asarray(session, np.int64)])
+        turn = np.concatenate([self._turn, np.asarray(turn, np.int64)])
         ids = np.concatenate([self._ids, np.asarray(ids, np.int64)])
-        order = np.argsort(keys, kind="stable")
-        self._keys, self._ids = keys[order], ids[order]
+        order = np.lexsort((turn, session))
+        self._session, self._turn, self._ids = session[order], turn[order], ids[order]
+        rank = np.empty(order.size, np.int64)
+        rank[order] = np.arange(order.size)
+        self.rank = rank[had:]
+
+    def _positions(self, session: np.ndarray, turn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(index into the sorted keys, whether the key is there) for each query."""
+        session, turn = np.asarray(session, np.int64), np.asarray(turn, np.int64)
+        if _packs(self._session) and _packs(session):
+            mine, query = _pack(self._session, self._turn), _pack(session, turn)
+        else:
+            mine, query = _keys(self._session, self._turn), _keys(session, turn)
+        pos = np.minimum(np.searchsorted(mine, query), self._ids.size - 1)
+        return pos, (mine[pos] == query) & (turn >= 0)
 
     def find(self, session: np.ndarray, turn: np.ndarray) -> np.ndarray:
         """The id of each (session, turn); -1 where absent (and where `turn` is -1)."""
-        query = _keys(session, turn)
-        out = np.full(query.size, -1, np.int64)
-        if not self._ids.size or not query.size:
+        out = np.full(np.asarray(session).size, -1, np.int64)
+        if not self._ids.size or not out.size:
             return out
-        pos = np.minimum(np.searchsorted(self._keys, query), self._ids.size - 1)
-        hit = (self._keys[pos] == query) & (np.asarray(turn) >= 0)
+        pos, hit = self._positions(session, turn)
         out[hit] = self._ids[pos[hit]]
         return out
 
@@ -269,10 +304,19 @@ class RequestIds:
         """Forget every entry but these keys (the parents rows still to be written name)."""
         if not self._ids.size:
             return
-        query = np.unique(_keys(session, turn))
-        pos = np.minimum(np.searchsorted(self._keys, query), self._ids.size - 1)
-        hit = pos[self._keys[pos] == query]
-        self._keys, self._ids = self._keys[hit], self._ids[hit]
+        pos, hit = self._positions(session, turn)
+        rows = np.unique(pos[hit])
+        self._session, self._turn = self._session[rows], self._turn[rows]
+        self._ids = self._ids[rows]
+
+
+def _packs(session: np.ndarray) -> bool:
+    return not session.size or (int(session.min()) >= 0 and int(session.max()) < 2**32)
+
+
+def _pack(session: np.ndarray, turn: np.ndarray) -> np.ndarray:
+    """session * 2^31 + turn: ordered as (session, turn) for turns in [-1, 2^31)."""
+    return (session << 31) + turn
 
 
 @dataclass

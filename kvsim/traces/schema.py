@@ -242,6 +242,8 @@ def _categories(category: str | np.ndarray | list[str] | None, n: int) -> pa.Arr
     values = np.asarray(category, dtype=str)
     if values.size != n:
         raise ValueError(f"category: expected {n} labels, got {values.size}")
+    if n and (values == values[0]).all():  # the usual case: one label for a whole source
+        return _categories(str(values[0]), n)
     labels, codes = np.unique(values, return_inverse=True)
     return pc.take(pa.array(labels.tolist(), pa.string()), pa.array(codes.astype(np.int64)))
 
