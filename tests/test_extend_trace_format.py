@@ -20,7 +20,7 @@ from kvsim.traces.schema import Trace
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "extend" / "trace_format.py"
 BUILTINS = ["canonical", "jsonl", "mooncake", "sharegpt", "lmsys", "azure", "burstgpt", "dynamo",
-            "swe-agent"]  # fmt: skip
+            "swe-agent", "qwen-bailian"]  # fmt: skip
 
 
 def test_the_worked_example_runs_and_prints_what_it_shows():

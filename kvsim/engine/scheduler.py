@@ -541,6 +541,7 @@ class Scheduler:
     def _finish(self, req: Request, now: float) -> None:
         self.outstanding_tokens -= req.known - req.computed
         req.finish_s = now
+        req.hint = req.reply_hint  # its reply is decoded: a tool call or not is known now
         self.kv.free(req, now)
         req.table.drop_chain()
         self.on_finish(req)

@@ -104,7 +104,8 @@ class Workload:
     def _request(self, i: int) -> Request:
         source = self.source
         req = self.live[i] = Request(i, int(source.input_tokens[i]), int(source.output_tokens[i]))
-        req.hint = source.hints.at(i)
+        req.hint = source.hints.at(i, replied=False)
+        req.reply_hint = source.hints.at(i)
         assert self._fleet is not None
         req.comp = self._fleet.run_comp
         return req

@@ -2,8 +2,9 @@
 
 A policy sees a request only through `kvsim.policies.base.RequestHint` (session, turn, parent
 call, category, pending tool call); this turns the trace's columns into those hints, one per
-request on demand, so nothing else of the trace reaches a policy. Traces written before the
-hint columns existed give the defaults (no parent, no category, no tool call).
+request on demand, so nothing else of the trace reaches a policy. Whether the reply is a tool
+call is known once the reply is decoded: a request's hint says so only when it finishes. Traces
+written before the hint columns existed give the defaults (no parent, no category, no tool call).
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ class TraceHints:
         else:
             self.tool_wait_s = np.full(n, -1.0)
 
-    def at(self, i: int) -> RequestHint:
+    def at(self, i: int, replied: bool = True) -> RequestHint:
+        """Request ``i``'s hint; before its reply exists (``replied`` False: on arrival, while
+        it runs) nobody knows whether the reply is a tool call, so ``tool_wait_s`` is -1."""
         return RequestHint(
             int(self.session[i]),
             int(self.turn[i]),
             int(self.parent[i]),
             self.categories[self.category[i]] if self.categories else "",
-            float(self.tool_wait_s[i]),
+            float(self.tool_wait_s[i]) if replied else -1.0,
         )

@@ -59,6 +59,7 @@ class Request:
         "preemptions",
         "recomputed_tokens",
         "replica",
+        "reply_hint",
         "rope_tokens",
         "scheduled_s",
         "table",
@@ -100,6 +101,7 @@ class Request:
         self.kv_peak_blocks = 0
         self.gate = None  # a load from below its compute overlaps (kvsim.engine.gates.LoadGate)
         self.hint: RequestHint | None = None  # what policies may know of it (session, turn, ...)
+        self.reply_hint: RequestHint | None = None  # the same once its reply is known (finish)
 
     # read-only views of the block table (tests and reports read them)
     @property

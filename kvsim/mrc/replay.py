@@ -183,8 +183,8 @@ def replay(
     for row in range(len(offsets) - 1):
         start, end = offsets[row], offsets[row + 1]
         info.now_s = arrivals[row]
-        if hints is not None:
-            info.hint = hints.at(row)
+        if hints is not None:  # blocks are added on access here: no reply yet
+            info.hint = hints.at(row, replied=False)
         info.request_tokens = (end - start) * block_size
         parent = 0
         for i in range(start, end):
@@ -277,7 +277,7 @@ def _replay_prefix(
             clock.serve(row)
         req = Request(row, tokens[row], 0)
         if hints is not None:
-            req.hint = hints.at(row)
+            req.hint = hints.at(row, replied=False)
         plan = kv.lookup(req, budget)
         hit, need = plan[0], plan[4]
         if hit + need > capacity:  # it could never run: an engine refuses it
@@ -287,6 +287,8 @@ def _replay_prefix(
         kv.admit(req, plan, now, True)
         req.computed = req.known
         kv.commit(req, now)
+        if hints is not None:  # its reply is known when it releases its blocks
+            req.hint = hints.at(row)
         kv.free(req, now)
         request_hits[row] = hit
     hits = int(request_hits.sum())
