@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -33,54 +31,41 @@ def test_estimate_learns_continuation_and_gap() -> None:
     assert gap == pytest.approx((6.0 + 60.0) / (1 + 1))  # gaps 6 s and the prior 60 s
 
 
-def test_ttl_rule_worked_numbers() -> None:
-    """pi 0.5 (prior), gap 2 s from the tool wait (rate 0.5/s); kappa = 5 hits / (10 blocks x
-    10 s) = 0.05: the TTL is ln(0.5 x 0.45 / (0.05 x 0.5)) / 0.5 = 2 ln 9 = 4.394 s."""
+def test_hold_rate_worked_numbers() -> None:
+    """Four chat sessions came back after 3 s each, none ended: pi = (4 + 4 x 0.5) / (4 + 4) =
+    0.75; the gap histogram holds the four 3 s gaps and the prior's 4 pseudo-gaps of 60 s. A pin
+    of 4 s sees half the mass back (mean 3 s): r(4) = 0.75 x 0.5 / (0.75 x (12 + 4 x 4) / 8 +
+    0.25 x 4) = 0.10345 hits per block-second; a pin of 2 s sees nothing back."""
     policy = TtlPin()
-    policy.set_capacity(10)
-    tool = RequestHint(session=1, turn=3, tool_wait_s=2.0)
-    policy.miss(100, _info(0.0, None))
-    assert policy.ttl(tool) == pytest.approx(8.0)  # no hits yet: the cap, 4 mean gaps
-    for key in range(5):
-        policy.access(key, _info(10.0, None))
-    assert policy.kappa() == pytest.approx(0.05)
-    assert policy.ttl(tool) == pytest.approx(2 * math.log(9))
-    # lam pi <= kappa: not even a fresh block is worth its room
-    assert policy.ttl(RequestHint(session=1, turn=3, tool_wait_s=20.0)) == 0.0
+    for session in range(4):
+        policy.add(session, _info(0.0, RequestHint(session=session, turn=1, category="chat")))
+        policy.miss(100 + session, _info(3.0, RequestHint(session=session, turn=2,
+                                                          category="chat")))  # fmt: skip
+    later = RequestHint(session=9, turn=1, category="chat")
+    assert policy.estimate(later) == pytest.approx((0.75, (12 + 4 * 60) / 8))
+    assert policy.hold_rates(later, [2.0, 4.0]) == pytest.approx([0.0, 0.375 / 3.625])
 
 
-def test_pinned_blocks_go_last_until_their_ttl_runs_out() -> None:
+def test_pins_their_ttl_and_order() -> None:
+    """A 2-block tier. Blocks 1, 2 released at 0 (the tier has not filled: no pin). At 1 s the
+    tier has taken 2 blocks in 1 s (fill time 1 s); a tool call expected back in 2 s (prior:
+    pi 0.5, all mass at 2 s) earns r(T) = 0.5 / (0.5 x 2 + 0.5 T) for T >= 2, 0 below, and
+    LRU's 1 s hold earns 0: TTL 2 s. Blocks 3 (deadline 3 s) and 5 (at 1.2 s: deadline 3.2 s)
+    are pinned; block 4 (no hint, at 1.5 s) is not."""
     policy = TtlPin()
-    policy.add(1, _info(0.0, RequestHint(session=1, turn=0, tool_wait_s=2.0)))  # TTL 8 s
-    policy.add(2, _info(1.0, None))  # no hint: plain LRU
-    assert policy.victim() == 2  # the pinned block is older but held
-    policy.discard(2)
-    policy.forget(2)
-    policy.add(3, _info(9.0, None))
-    # the TTL ran out at 8 s: block 1 ranks as if last used then, before block 3 (used at 9)
-    assert policy.victim() == 1
-
-
-@pytest.mark.parametrize(("capacity", "victim"), [(1, 3), (10, 2)])
-def test_order_among_pins(capacity: int, victim: int) -> None:
-    """Session 5 came back 10 s after its release; 3 blocks were released in 11 s. A 1-block
-    tier fills in 11 / 3 = 3.7 s < 10 s: a fresh pin would be gone before its session came back,
-    so the latest deadline goes first. A 10-block tier (36.7 s) evicts the earliest first."""
-    policy = TtlPin()
-    policy.set_capacity(capacity)
-    tool = RequestHint(session=5, turn=0, tool_wait_s=2.0)
-    policy.add(1, _info(0.0, tool))  # prior: pi 0.5, gap 2 s, no hits: TTL 4 x 2 = 8 s
-    back = RequestHint(session=5, turn=1, tool_wait_s=2.0)
-    policy.miss(50, _info(10.0, back))  # continued after 10 s
-    # pi = (1 + 4 x 0.5) / (1 + 4) = 0.6, gap = (10 + 4 x 2) / (1 + 4) = 3.6 s: TTL 14.4 s
-    assert policy.estimate(back) == pytest.approx((0.6, 3.6))
-    policy.add(2, _info(10.0, back))  # deadline 24.4
-    policy.add(3, _info(11.0, RequestHint(session=6, turn=0, tool_wait_s=2.0)))  # 25.4
-    assert policy.victim() == 1  # its pin ran out at 8 s
-    policy.discard(1)
-    policy.forget(1)
-    assert policy.fill_time() == pytest.approx(capacity * 11.0 / 3)
-    assert policy.victim() == victim
+    policy.set_capacity(2)
+    policy.add(1, _info(0.0, RequestHint(session=1, turn=0, tool_wait_s=2.0)))
+    policy.add(2, _info(0.0, RequestHint(session=1, turn=0, tool_wait_s=2.0)))
+    tool = RequestHint(session=2, turn=0, tool_wait_s=2.0)
+    policy.add(3, _info(1.0, tool))
+    assert policy.fill_time() == pytest.approx(1.0)
+    assert policy.ttl(tool) == 2.0
+    policy.add(5, _info(1.2, RequestHint(session=3, turn=0, tool_wait_s=2.0)))
+    policy.add(4, _info(1.5, None))
+    assert policy.evict(3) == [1, 2, 4]  # unpinned first, oldest first, though 3 and 5 are older
+    assert policy.victim() == 5  # only live pins left: the latest deadline goes first
+    policy.add(6, _info(3.1, None))
+    assert policy.victim() == 3  # its TTL ran out at 3 s: as if last used then, before 6
 
 
 def test_without_hints_it_is_lru() -> None:

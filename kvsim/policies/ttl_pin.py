@@ -9,27 +9,31 @@ durations), and is released to the ordinary eviction order when the TTL runs out
 Here every request's release is a candidate, from its `RequestHint`: a pending tool call
 (``tool_wait_s >= 0``) or an expected next turn. Releases are classed by (category, tool call /
 first turn / later turn); each class learns online, from the trace's past only, the chance that
-the session sends another request (``pi``) and the mean gap from a release to that request (an
-exponential of rate ``lam``; ``tool_wait_s`` > 0 is the prior mean). A release the session has not
-followed within ``end_gaps`` mean gaps counts as the session's end. Both are shrunk towards a
-prior by ``prior_weight`` pseudo-releases.
+the session sends another request (``pi``) and the distribution of the gap from a release to that
+request (a histogram in half-octave bins). A release its session has not followed within
+``end_gaps`` mean gaps counts as the session's end. Both are shrunk towards a prior of
+``prior_weight`` pseudo-releases: continuation ``prior_continue``, gap ``tool_wait_s`` when the
+hint gives one (a tool call comes back in about that long), else ``prior_mean_gap_s``.
 
-The TTL rule (our simplification of Continuum's cost-benefit model, per block and in hits):
-holding a block one more second is worth the session's return hazard at the block's idle age,
-h(a) = lam pi e^(-lam a) / (pi e^(-lam a) + 1 - pi), and costs what a block of this tier earns in
-that second, ``kappa`` = hits per block-second so far. So the TTL is the age where h falls to
-kappa, a* = ln(pi (lam - kappa) / (kappa (1 - pi))) / lam, capped at ``end_gaps`` mean gaps; no pin
-when lam pi <= kappa (not even a fresh block is worth its room). Continuum prices the reload and
-the queueing delay in seconds; a hit ratio weighs every block alike, so we do too.
+The TTL rule (our simplification of Continuum's cost-benefit model, per block and in hits): a
+pin of length T holds a block until its session is back or T runs out, so it earns
+r(T) = pi P(gap <= T) / (pi E[min(gap, T)] + (1 - pi) T) hits per block-second held. The TTL is
+the T (a bin edge up to ``end_gaps`` mean gaps) with the highest r. LRU holds every block for
+about the tier's fill time F (its capacity over the blocks released per second, Che's
+characteristic time), earning r(F); a release is pinned only when r(TTL) > r(F) and TTL > F, so
+pins pay only where the gaps are not memoryless (for an exponential gap r falls with T, and LRU's
+short holds are as good) and the tier is too small to keep a session until it returns.
+Continuum prices reload and queueing delay in seconds; a hit ratio weighs every block alike.
 
-Order: unpinned blocks first, in LRU order (last use, then release order, so a request's deepest
-block first); then pinned blocks, the one with the latest deadline first (it would hold its room
-longest; Continuum instead never evicts a pinned block before its TTL, which an engine can do
-only by refusing requests). An expired pin rejoins the LRU order at its last use. Without hints
-(``hint`` None, or no session and no tool call) nothing is pinned and the order is exactly LRU's.
+Order: unpinned blocks and pins past their TTL first, earliest first by last use or deadline (an
+expired pin rejoins the LRU order as if used when its TTL ran out), so without pins this is LRU,
+deepest block first among those released together; then live pins, the latest deadline first:
+the pins held longest are kept, as Continuum keeps a pin to its TTL (an engine can keep them all
+only by refusing requests). Without hints (``hint`` None, or no session and no tool call)
+nothing is pinned and the order is exactly LRU's.
 
-Cost: O(log n) per add, hit and victim (three heaps with lazy deletion), O(1) per request for
-the learning. Does not respect the prefix tree by construction; the engine never counts a hit
+Cost: O(log n) per add, hit and victim (two heaps with lazy deletion); O(bins) per request to
+choose its TTL. Does not respect the prefix tree by construction; the engine never counts a hit
 past a missing parent.
 """
 
@@ -57,22 +61,34 @@ class TtlPinParams:
     end_gaps: float = 4.0
     """A release not followed within this many mean gaps ends its session (exponential: it
     would still come back with chance e^-4, 2 %); also the longest TTL."""
+    min_gain: float = 0.25
+    """A pin must earn this much more per block-second than LRU's hold (r(TTL) >= (1 +
+    min_gain) r(F)): a guard against pins decided on noise (our assumption)."""
+    gap_base_s: float = 0.25
+    """Upper edge of the first gap bin; each next edge is sqrt(2) times the last."""
+    gap_bins: int = 64
+    """Gap bins (64 from 0.25 s reach 1.1e9 s)."""
 
     def __post_init__(self) -> None:
         check_param(0 <= self.prior_continue <= 1, "prior_continue", "must be in [0, 1]")
-        for name in ("prior_mean_gap_s", "prior_weight", "end_gaps"):
+        check_param(0 <= self.min_gain <= 1e9, "min_gain", "must be in [0, 1e9]")
+        for name in ("prior_mean_gap_s", "prior_weight", "end_gaps", "gap_base_s"):
             check_param(0 < getattr(self, name) <= 1e9, name, "must be in (0, 1e9]")
+        check_param(1 <= self.gap_bins <= 256, "gap_bins", "must be an integer in [1, 256]")
 
 
 class _Release:
-    """What one class of releases has taught: continued, ended, summed gaps of the continued."""
+    """What one class of releases has taught: continued, ended, and the continued ones' gaps
+    (count and summed gap per bin)."""
 
-    __slots__ = ("continued", "ended", "gap_sum")
+    __slots__ = ("continued", "counts", "ended", "gap_sum", "sums")
 
-    def __init__(self) -> None:
+    def __init__(self, bins: int) -> None:
         self.continued = 0
         self.ended = 0
         self.gap_sum = 0.0
+        self.counts = [0.0] * bins
+        self.sums = [0.0] * bins
 
 
 class TtlPin(EvictionPolicy):
@@ -80,7 +96,9 @@ class TtlPin(EvictionPolicy):
     Params = TtlPinParams
 
     def __init__(self, params: TtlPinParams | None = None) -> None:
-        self.params = params or TtlPinParams()
+        self.params = p = params or TtlPinParams()
+        self._edges = [p.gap_base_s * 2.0 ** (b / 2) for b in range(p.gap_bins)]
+        self._empty = _Release(p.gap_bins)
         self._classes: dict[tuple[str, int], _Release] = {}
         self._open: dict[int, tuple[float, tuple[str, int]]] = {}  # session -> (release, class)
         self._waits: deque[tuple[float, int]] = deque()  # (release, session), oldest first
@@ -94,10 +112,9 @@ class TtlPin(EvictionPolicy):
         self._pins: list[tuple[float, int, int]] = []  # (-deadline, stamp, key), pinned only
         self._clock = 0
         self._now = 0.0
-        self._start = math.nan
-        self._hits = 0
         self._capacity = 1
         self._adds = 0
+        self._marks: deque[tuple[int, float]] = deque()  # (blocks released so far, at time)
 
     # -- learning ---------------------------------------------------------------------------------
     def set_capacity(self, blocks: int) -> None:
@@ -108,15 +125,20 @@ class TtlPin(EvictionPolicy):
         kind = 0 if hint.tool_wait_s >= 0 else 1 if hint.turn == 0 else 2
         return hint.category, kind
 
+    def _stats(self, hint: RequestHint) -> _Release:
+        return self._classes.get(self._class_of(hint)) or self._empty
+
+    def _prior_gap(self, hint: RequestHint) -> float:
+        return hint.tool_wait_s if hint.tool_wait_s > 0 else self.params.prior_mean_gap_s
+
     def estimate(self, hint: RequestHint) -> tuple[float, float]:
         """(P(the session sends another request), mean gap to it in s) for a release of this
         request, from its class's past and the prior."""
         p = self.params
-        stats = self._classes.get(self._class_of(hint)) or _Release()
+        stats = self._stats(hint)
         w = p.prior_weight
-        prior_gap = hint.tool_wait_s if hint.tool_wait_s > 0 else p.prior_mean_gap_s
         pi = (stats.continued + w * p.prior_continue) / (stats.continued + stats.ended + w)
-        return pi, (stats.gap_sum + w * prior_gap) / (stats.continued + w)
+        return pi, (stats.gap_sum + w * self._prior_gap(hint)) / (stats.continued + w)
 
     def mean_gap(self) -> float:
         """Mean gap from a release to the session's next request, all classes pooled."""
@@ -125,47 +147,63 @@ class TtlPin(EvictionPolicy):
         gaps = sum(c.gap_sum for c in self._classes.values())
         return (gaps + p.prior_weight * p.prior_mean_gap_s) / (continued + p.prior_weight)
 
-    def kappa(self) -> float:
-        """What one block of this tier has earned so far: hits per block-second."""
-        elapsed = self._now - self._start
-        return self._hits / (self._capacity * elapsed) if elapsed > 0 else 0.0
+    def fill_time(self) -> float:
+        """Seconds the tier took to receive its last ``capacity`` released blocks: about how
+        long LRU keeps a block now (Che's characteristic time; re-releases of hit blocks count,
+        so it errs short). inf until that many were released."""
+        marks, boundary = self._marks, self._adds - self._capacity
+        while len(marks) > 1 and marks[1][0] <= boundary:
+            marks.popleft()
+        return self._now - marks[0][1] if marks and marks[0][0] <= boundary else math.inf
+
+    def _bin(self, gap: float) -> int:
+        b = math.ceil(2 * math.log2(gap / self.params.gap_base_s)) if gap > 0 else 0
+        return min(max(b, 0), self.params.gap_bins - 1)
+
+    def hold_rates(self, hint: RequestHint, holds: list[float]) -> list[float]:
+        """r(T) for each T in ``holds``: hits per block-second of a pin of length T, from the
+        class's gap histogram and the prior (gaps spread evenly within a bin)."""
+        p = self.params
+        stats = self._stats(hint)
+        pi = self.estimate(hint)[0]
+        w = p.prior_weight
+        total = stats.continued + w
+        prior_gap = self._prior_gap(hint)
+        edges = self._edges
+        out = []
+        for hold in holds:
+            b = self._bin(hold)
+            low = edges[b - 1] if b else 0.0
+            share = min(1.0, (hold - low) / (edges[b] - low))
+            done = sum(stats.counts[:b]) + share * stats.counts[b]
+            part = share * (low + hold) / (low + edges[b])  # of the bin's summed gaps
+            summed = sum(stats.sums[:b]) + part * stats.sums[b]
+            if prior_gap <= hold:
+                done, summed = done + w, summed + w * prior_gap
+            back = done / total  # P(gap <= T)
+            held = (summed + hold * (total - done)) / total  # E[min(gap, T)]
+            cost = pi * held + (1 - pi) * hold
+            out.append(pi * back / cost if cost > 0 else 0.0)
+        return out
 
     def ttl(self, hint: RequestHint) -> float:
         """How long a release of this request is pinned (0: not at all)."""
         if hint.session < 0 and hint.tool_wait_s < 0:
             return 0.0
-        pi, gap = self.estimate(hint)
-        longest = self.params.end_gaps * gap
-        rate, kappa = 1.0 / gap, self.kappa()
-        if pi <= 0 or rate * pi <= kappa:
+        fill = self.fill_time()
+        if fill == math.inf:
+            return 0.0  # nothing is evicted yet
+        longest = self.params.end_gaps * self.estimate(hint)[1]
+        holds = [e for e in self._edges if fill < e <= longest]
+        if not holds:
             return 0.0
-        if kappa <= 0 or pi >= 1:
-            return longest
-        return min(longest, math.log(pi * (rate - kappa) / (kappa * (1 - pi))) / rate)
-
-    def fill_time(self) -> float:
-        """Seconds the tier takes to receive as many released blocks as it holds: about how
-        long LRU keeps a block (Che's characteristic time; re-releases of hit blocks count, so
-        it errs short). inf before anything was released."""
-        elapsed = self._now - self._start
-        return self._capacity * elapsed / self._adds if self._adds and elapsed > 0 else math.inf
-
-    def holds_pins(self) -> bool:
-        """Whether, among pinned blocks, the latest deadline goes first. True when the tier
-        fills faster than a session comes back: a fresh pin would then mostly be gone before
-        its session returned, and the pins already held are the ones worth their room (a
-        commitment kept, as Continuum keeps a pin to its TTL). Otherwise the earliest
-        deadline goes first, as LRU would."""
-        continued = sum(c.continued for c in self._classes.values())
-        if not continued:
-            return False
-        gap = sum(c.gap_sum for c in self._classes.values()) / continued
-        return self.fill_time() < gap
+        rates = self.hold_rates(hint, [fill, *holds])
+        best = max(range(1, len(rates)), key=rates.__getitem__)
+        gain = rates[best] - (1 + self.params.min_gain) * rates[0]
+        return holds[best - 1] if gain > 0 and rates[best] > 0 else 0.0
 
     def _tick(self, now: float) -> None:
         self._now = now
-        if self._start != self._start:  # nan: the first call
-            self._start = now
         waits, open_ = self._waits, self._open
         if waits:  # sessions silent for end_gaps mean gaps (all classes pooled) have ended
             oldest = now - self.params.end_gaps * self.mean_gap()
@@ -184,8 +222,12 @@ class TtlPin(EvictionPolicy):
         record = self._open.pop(hint.session, None) if hint.session >= 0 else None
         if record is not None:
             stats = self._classes[record[1]]
+            gap = self._now - record[0]
             stats.continued += 1
-            stats.gap_sum += self._now - record[0]
+            stats.gap_sum += gap
+            b = self._bin(gap)
+            stats.counts[b] += 1
+            stats.sums[b] += gap
 
     def _release(self, hint: RequestHint | None) -> None:
         """A request's blocks are being handed back: open its session's wait, set the pin."""
@@ -193,12 +235,15 @@ class TtlPin(EvictionPolicy):
             return
         self._released = hint
         self._ttl = 0.0
+        if not self._marks or self._marks[-1][0] != self._adds:
+            self._marks.append((self._adds, self._now))
         if hint is None:
             return
         self._ttl = self.ttl(hint)
         if hint.session >= 0:
             cls = self._class_of(hint)
-            self._classes.setdefault(cls, _Release())
+            if cls not in self._classes:
+                self._classes[cls] = _Release(self.params.gap_bins)
             self._open[hint.session] = (self._now, cls)
             self._waits.append((self._now, hint.session))
 
@@ -227,7 +272,6 @@ class TtlPin(EvictionPolicy):
     def access(self, key: int, info: BlockInfo) -> None:
         self._tick(info.now_s)
         self._arrive(info.hint)
-        self._hits += 1
         if key in self._stamp:  # hit while evictable: used now, its pin kept
             self._queue(key, max(info.now_s, self._deadline[key]))
 
@@ -250,7 +294,7 @@ class TtlPin(EvictionPolicy):
             heapq.heappop(order)
         if not order:
             raise LookupError("no evictable block")
-        if order[0][0] <= self._now or not self.holds_pins():
+        if order[0][0] <= self._now:
             return order[0][2]
         pins = self._pins  # every evictable block is pinned: the latest deadline first
         while stamp.get(pins[0][2]) != pins[0][1]:
