@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from test_policy_no_future import K, _changed_future
 
 from kvsim.errors import ConfigError
 from kvsim.kvcache.hints import TraceHints
@@ -12,6 +13,7 @@ from kvsim.mrc import BlockSequence, replay
 from kvsim.policies.base import BlockInfo, RequestHint
 from kvsim.policies.lru import LRU
 from kvsim.policies.ttl_pin import TtlPin, TtlPinParams
+from kvsim.traces import Trace, load_trace
 
 
 def _info(now: float, hint: RequestHint | None, position: int = 0) -> BlockInfo:
@@ -126,3 +128,34 @@ def test_replay_holds_a_returning_session_through_one_off_floods() -> None:
     ttl = replay(seq, TtlPin(), 24, "prefix").hits
     assert lru == 0
     assert ttl > 100
+
+
+def _victims(seq: BlockSequence, capacity: int) -> list[tuple[int, ...]]:
+    policy = TtlPin()
+    chosen: list[tuple[int, ...]] = []
+    evict = policy.evict
+
+    def recording(count: int) -> list[int]:
+        out = evict(count)
+        chosen.append(tuple(out))
+        return out
+
+    policy.evict = recording  # type: ignore[method-assign]
+    replay(seq, policy, capacity, "prefix")
+    return chosen
+
+
+@pytest.mark.parametrize("trace", ["sharegpt", "agentic"])
+def test_decisions_ignore_the_future(trace: str) -> None:
+    """Victims while serving the first K requests are the same when every later request is
+    reordered, retimed and relabelled (tests/test_policy_no_future.py's changed trace)."""
+    full = load_trace(trace, max_requests=2 * K)
+    block = full.native_block_size or 16
+    past = Trace.from_table(full.table.slice(0, K), full.name)
+    changed = _changed_future(full, K, seed=1)
+    capacity = 400 if trace == "sharegpt" else 1200
+    before, *after = (
+        _victims(BlockSequence.from_trace(t, block), capacity) for t in (past, full, changed)
+    )
+    assert before, "the check needs evictions before request K"
+    assert [run[: len(before)] for run in after] == [before, before]
