@@ -25,12 +25,14 @@ def _info(now: float, hint: RequestHint | None, position: int = 0) -> BlockInfo:
     return BlockInfo(now_s=now, position=position, hint=hint)
 
 
-def _two_categories() -> WorkloadAware:
+def _two_categories(min_effect: float = 0.0) -> WorkloadAware:
     """Chat blocks 1 and 2 released at 0; block 1 hit at 5 (a reuse after 5 s). At 30 both have
     idled past the horizon (2 mean gaps of the prior 10 s = 20 s): censored. Then an api block
     (3) at 30 and a chat block (4) at 30.5."""
-    params = WorkloadAwareParams(depth_edges=(), prior_weight=0.0, prior_mean_gap_s=10.0,
-                                 ghost_gaps=2.0, refresh_every=1)  # fmt: skip
+    params = WorkloadAwareParams(
+        depth_edges=(), prior_weight=0.0, prior_mean_gap_s=10.0, ghost_gaps=2.0,
+        refresh_every=1, min_effect=min_effect,
+    )  # fmt: skip
     policy = WorkloadAware(params)
     policy.set_capacity(8)
     policy.add(1, _info(0.0, CHAT))
@@ -51,6 +53,15 @@ def test_fit_from_reuses_and_censored_episodes() -> None:
     api_first = 3
     assert policy.reuse_probability(api_first, 0.0) == pytest.approx(0.4)
     assert policy.reuse_probability(api_first, 7.5) == pytest.approx(1 / (1 + 1.5 * math.e))
+
+
+def test_small_class_differences_are_noise() -> None:
+    """The chat class differs from the pooled fit by ln(0.5 / (2/3)) = -0.29 in log-odds and
+    ln(0.2 / (2/15)) = 0.41 in log-rate, both within min_effect 0.5: it keeps the pooled fit."""
+    policy = _two_categories(min_effect=0.5)
+    assert policy.reuse_probability(0, 0.0) == pytest.approx(0.4)
+    assert policy.reuse_probability(0, 7.5) == pytest.approx(1 / (1 + 1.5 * math.e))
+    assert policy.evict(4) == [2, 1, 3, 4]  # one fit for all: LRU order
 
 
 def test_victims_by_reuse_probability_not_recency() -> None:
@@ -78,7 +89,7 @@ def test_a_deeper_block_never_outranks_its_head() -> None:
     """Tail blocks (position >= 1) reused more often than heads still rank at most as high:
     a tail block serves no hit once its head is gone."""
     params = WorkloadAwareParams(depth_edges=(1,), prior_weight=0.0, prior_mean_gap_s=10.0,
-                                 ghost_gaps=2.0, refresh_every=1)  # fmt: skip
+                                 ghost_gaps=2.0, refresh_every=1, min_effect=0.0)  # fmt: skip
     policy = WorkloadAware(params)
     policy.add(1, _info(0.0, CHAT, 0))  # the head: never reused, censored at 20 s
     policy.add(2, _info(0.0, CHAT, 1))  # a tail block: reused at 2 s, idle from 2 s

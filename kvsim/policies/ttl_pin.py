@@ -18,12 +18,15 @@ hint gives one (a tool call comes back in about that long), else ``prior_mean_ga
 The TTL rule (our simplification of Continuum's cost-benefit model, per block and in hits): a
 pin of length T holds a block until its session is back or T runs out, so it earns
 r(T) = pi P(gap <= T) / (pi E[min(gap, T)] + (1 - pi) T) hits per block-second held. The TTL is
-the T (a bin edge up to ``end_gaps`` mean gaps) with the highest r. LRU holds every block for
-about the tier's fill time F (its capacity over the blocks released per second, Che's
-characteristic time), earning r(F); a release is pinned only when r(TTL) > r(F) and TTL > F, so
-pins pay only where the gaps are not memoryless (for an exponential gap r falls with T, and LRU's
-short holds are as good) and the tier is too small to keep a session until it returns.
-Continuum prices reload and queueing delay in seconds; a hit ratio weighs every block alike.
+the T (a bin edge up to ``end_gaps`` mean gaps) with the highest r. The cost side: LRU would
+hold the block for about the tier's fill time F (the time its last ``capacity`` released blocks
+took to arrive, Che's characteristic time), earning r(F); and the blocks a pin displaces, the
+older half of the LRU order, have earned ``kappa`` hits per block-second so far. A release is
+pinned, for TTL > F, only when r(TTL) > (1 + ``min_gain``) max(r(F), kappa). So pins pay only
+where the gaps are not memoryless (for an exponential gap r falls with T, and LRU's short hold
+is as good), the tier is too small to keep a session until it returns, and the pin out-earns
+what it displaces. Continuum prices reload and queueing delay in seconds; a hit ratio weighs
+every block alike.
 
 Order: unpinned blocks and pins past their TTL first, earliest first by last use or deadline (an
 expired pin rejoins the LRU order as if used when its TTL ran out), so without pins this is LRU,
@@ -62,8 +65,9 @@ class TtlPinParams:
     """A release not followed within this many mean gaps ends its session (exponential: it
     would still come back with chance e^-4, 2 %); also the longest TTL."""
     min_gain: float = 0.25
-    """A pin must earn this much more per block-second than LRU's hold (r(TTL) >= (1 +
-    min_gain) r(F)): a guard against pins decided on noise (our assumption)."""
+    """A pin must earn this much more per block-second than what it replaces: a guard
+    against pins decided on noise (our choice, from 0.1 and 0.25 tried on sharegpt and lmsys;
+    0.1 let lmsys lose 1 % at 8 % capacity)."""
     gap_base_s: float = 0.25
     """Upper edge of the first gap bin; each next edge is sqrt(2) times the last."""
     gap_bins: int = 64
@@ -114,6 +118,8 @@ class TtlPin(EvictionPolicy):
         self._now = 0.0
         self._capacity = 1
         self._adds = 0
+        self._hits = 0
+        self._start = math.nan
         self._marks: deque[tuple[int, float]] = deque()  # (blocks released so far, at time)
 
     # -- learning ---------------------------------------------------------------------------------
@@ -155,6 +161,12 @@ class TtlPin(EvictionPolicy):
         while len(marks) > 1 and marks[1][0] <= boundary:
             marks.popleft()
         return self._now - marks[0][1] if marks and marks[0][0] <= boundary else math.inf
+
+    def kappa(self) -> float:
+        """What a block in the older half of the LRU order has earned so far, in hits per
+        block-second: the blocks a pin displaces (the marginal, not the average, block)."""
+        elapsed = self._now - self._start
+        return 2 * self._hits / (self._capacity * elapsed) if elapsed > 0 else 0.0
 
     def _bin(self, gap: float) -> int:
         b = math.ceil(2 * math.log2(gap / self.params.gap_base_s)) if gap > 0 else 0
@@ -199,11 +211,13 @@ class TtlPin(EvictionPolicy):
             return 0.0
         rates = self.hold_rates(hint, [fill, *holds])
         best = max(range(1, len(rates)), key=rates.__getitem__)
-        gain = rates[best] - (1 + self.params.min_gain) * rates[0]
-        return holds[best - 1] if gain > 0 and rates[best] > 0 else 0.0
+        bar = (1 + self.params.min_gain) * max(rates[0], self.kappa())
+        return holds[best - 1] if rates[best] > bar else 0.0
 
     def _tick(self, now: float) -> None:
         self._now = now
+        if self._start != self._start:  # nan: the first call
+            self._start = now
         waits, open_ = self._waits, self._open
         if waits:  # sessions silent for end_gaps mean gaps (all classes pooled) have ended
             oldest = now - self.params.end_gaps * self.mean_gap()
@@ -272,6 +286,8 @@ class TtlPin(EvictionPolicy):
     def access(self, key: int, info: BlockInfo) -> None:
         self._tick(info.now_s)
         self._arrive(info.hint)
+        if key in self._stamp and info.now_s - self._deadline[key] >= 0.5 * self.fill_time():
+            self._hits += 1  # a hit in the older half of the LRU order: what a pin displaces
         if key in self._stamp:  # hit while evictable: used now, its pin kept
             self._queue(key, max(info.now_s, self._deadline[key]))
 

@@ -63,6 +63,10 @@ class WorkloadAwareParams:
     ghost_gaps: float = 4.0
     """A ghost idle longer than this many pooled mean gaps is censored (exponential: the chance
     it still comes back is e^-4, 2 %)."""
+    min_effect: float = 0.5
+    """A class's log-odds and log-rate move from the pooled fit only by what exceeds this
+    (soft threshold, as the lasso's): differences within a factor e^0.5 = 1.65 are treated as
+    noise and rank like LRU (our assumption)."""
     refresh_every: int = 64
     """Episodes between refits of the classes."""
 
@@ -71,10 +75,16 @@ class WorkloadAwareParams:
         ok = list(edges) == sorted(edges) and all(0 <= e <= 1e9 for e in edges)
         check_param(ok, "depth_edges", "must be non-decreasing integers in [0, 1e9]")
         check_param(0 <= self.prior_weight <= 1e9, "prior_weight", "must be in [0, 1e9]")
+        check_param(0 <= self.min_effect <= 1e9, "min_effect", "must be in [0, 1e9]")
         for name in ("prior_mean_gap_s", "ghost_factor", "ghost_gaps"):
             check_param(0 < getattr(self, name) <= 1e9, name, "must be in (0, 1e9]")
         check_param(1 <= self.refresh_every < 2**31, "refresh_every",
                     "must be an integer in [1, 2^31)")  # fmt: skip
+
+
+def _shrink(x: float, by: float) -> float:
+    """Soft threshold: ``x`` moved towards 0 by ``by``, stopping at 0."""
+    return math.copysign(max(abs(x) - by, 0.0), x)
 
 
 class _Fit:
@@ -158,6 +168,9 @@ class WorkloadAware(EvictionPolicy):
             pi = min(max(pi, 1e-9), 1 - 1e-9)
             fit.log_odds = math.log(pi / (1 - pi))
             fit.rate = (r + w) / (fit.gap_sum + w / pooled.rate) if r + w > 0 else pooled.rate
+            fit.log_odds = pooled.log_odds + _shrink(fit.log_odds - pooled.log_odds, p.min_effect)
+            fit.rate = pooled.rate * math.exp(_shrink(math.log(fit.rate / pooled.rate),
+                                                      p.min_effect))  # fmt: skip
         # A block serves a hit only under its parent: a deeper class never ranks above a
         # shallower one of the same (category, turn) at the same age (head worth >= tail).
         fits, positions = self._fits, self._positions
