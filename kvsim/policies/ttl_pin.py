@@ -66,8 +66,8 @@ class TtlPinParams:
     would still come back with chance e^-4, 2 %); also the longest TTL."""
     min_gain: float = 0.25
     """A pin must earn this much more per block-second than what it replaces: a guard
-    against pins decided on noise (our choice, from 0.1 and 0.25 tried on sharegpt and lmsys;
-    0.1 let lmsys lose 1 % at 8 % capacity)."""
+    against pins decided on noise (our choice: of 0.1 and 0.25, tried on sharegpt and lmsys,
+    0.25 gained more at their smallest sizes; neither fell below LRU)."""
     gap_base_s: float = 0.25
     """Upper edge of the first gap bin; each next edge is sqrt(2) times the last."""
     gap_bins: int = 64
