@@ -12,10 +12,12 @@ from kvsim.policies.arc import ARC
 from kvsim.policies.asym_cost import AsymCost
 from kvsim.policies.base import BlockInfo, EvictionPolicy, RequestHint
 from kvsim.policies.bayes_reuse import BayesReuse
+from kvsim.policies.bayes_reuse_v1 import BayesReuseV1
 from kvsim.policies.belady import Belady
 from kvsim.policies.ema_head import EmaHead
 from kvsim.policies.fifo import FIFO
 from kvsim.policies.gdsf import GDSF
+from kvsim.policies.learned import Learned
 from kvsim.policies.lfu import LFU
 from kvsim.policies.lmcache_cost import LMCacheCost
 from kvsim.policies.lru import LRU
@@ -26,8 +28,10 @@ from kvsim.policies.s3fifo import S3FIFO
 from kvsim.policies.sglang import SGLang
 from kvsim.policies.sieve import Sieve
 from kvsim.policies.srf import SRF
+from kvsim.policies.ttl_pin import TtlPin
 from kvsim.policies.twoq import TwoQ
 from kvsim.policies.vllm import VLLM
+from kvsim.policies.wa import WorkloadAware
 
 __all__ = [
     "BlockInfo",
@@ -61,6 +65,10 @@ for _cls in (
     MooncakeLength,
     SRF,
     BayesReuse,
+    BayesReuseV1,
+    WorkloadAware,
+    TtlPin,
+    Learned,
     EmaHead,
     AsymCost,
     Belady,
