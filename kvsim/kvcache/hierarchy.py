@@ -17,6 +17,10 @@ instance (STYLE habit 2); each has one `Link` to HBM, shared by loads and write-
 - Shared tiers (a cluster's RDMA pool or parallel filesystem) are one `LowerTier` in every
   replica's hierarchy, with one placement map (`LowerTier.where`) that all of them read: a block
   one node writes there, every node finds. A block already in a shared tier is not written again.
+- Node-local tiers keep their placement and, under LRU, their order compactly
+  (kvsim.kvcache.compact_tier: bitsets over the engine's dense block ids, an int32 queue), not as
+  per-block Python objects; keys that are not dense ids move the hierarchy to dicts (the same
+  results, more memory).
 
 Byte conservation, which the tests check:
     written into tiers = resident + dropped from the last tier + removed by exclusive loads
@@ -25,26 +29,26 @@ Byte conservation, which the tests check:
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
-from itertools import filterfalse, islice, repeat, takewhile
-from operator import le
+from itertools import filterfalse, islice
 
 import numpy as np
 import simpy
 
+from kvsim.kvcache.compact_tier import (
+    CompactLRU,
+    DensePlacement,
+    DictPlacement,
+    consume,
+    dense,
+)
 from kvsim.kvcache.link import Link
 from kvsim.policies.base import BlockInfo, EvictionPolicy
+from kvsim.policies.lru import LRU
 
 ADMISSIONS = ("all", "second-chance")
-_landed_tier = partial(le, 0)  # where[] >= 0: the block's copy is in that tier
-
-
-def consume(iterator) -> None:
-    """Run an iterator of side effects at C speed."""
-    deque(iterator, maxlen=0)
+Placement = DensePlacement | DictPlacement
 
 
 @dataclass(slots=True)
@@ -79,9 +83,9 @@ class LowerTier:
     incoming: int = 0  # blocks reserved by writes in flight
     doorkeeper: dict[int, None] = field(default_factory=dict)
     stats: TierStats = field(default_factory=TierStats)
-    # placement map: the replica's own for node-local tiers (set by the hierarchy), one for the
-    # whole cluster for a shared tier (given at construction)
-    where: dict[int, int] | None = None
+    # placement map: the replica's own for node-local tiers (set by the hierarchy: a compact
+    # `Placement`), one dict for the whole cluster for a shared tier (given at construction)
+    where: dict[int, int] | Placement | None = None
     shared: bool = False
 
     def __post_init__(self) -> None:
@@ -127,15 +131,18 @@ class Hierarchy:
         self.write_through = write_through
         self.inclusive = inclusive
         self.in_hbm = in_hbm
-        # block hash -> t (its copy is in tier t) or ~t (it is being written into tier t): one
-        # dict for both, so a lookup or a "not yet below" filter is a single C-level pass
-        self.where: dict[int, int] = {}
+        # block id -> t (its copy is in tier t) or ~t (it is being written into tier t), for
+        # the node-local tiers: bitsets over dense ids until a key is not one, then a dict
+        self.where: Placement = DensePlacement(len(tiers))
         shared = [t for t in tiers if t.shared]
-        # a cluster's shared tiers keep their own placement map, read after this replica's
-        self.shared_where: dict[int, int] | None = shared[0].where if shared else None
+        # a cluster's shared tiers keep their own placement map (a dict), read after this
+        # replica's
+        self.shared_where: dict[int, int] | None = shared[0].where if shared else None  # type: ignore[assignment]
         for tier in tiers:
             if not tier.shared:
                 tier.where = self.where
+                if type(tier.policy) is LRU and not len(tier.policy):
+                    tier.policy = CompactLRU()  # the same victims, 4 bytes a block
             else:
                 assert tier.where is self.shared_where, "shared tiers share one placement map"
         self.info = BlockInfo(size_bytes=block_bytes)
@@ -157,8 +164,7 @@ class Hierarchy:
             memo = self._chain_memo
             if memo is not None and memo[0] is hashes and memo[1:4] == (start, limit, self.version):
                 return list(memo[4])
-            lookups = map(self.where.get, islice(hashes, start, limit), repeat(-1))
-            found = list(takewhile(_landed_tier, lookups))
+            found = self.where.prefix(hashes, start, limit)
             self._chain_memo = (hashes, start, limit, self.version, found)
             return list(found)
         local = self.where
@@ -337,7 +343,7 @@ class Hierarchy:
 
     def _not_below(self, keys: list[int]) -> list[int]:
         """The keys no tier holds or is being written (so a block is never written twice)."""
-        out = list(filterfalse(self.where.__contains__, keys))
+        out = self.where.not_held(keys)
         if self.shared_where is not None:
             out = list(filterfalse(self.shared_where.__contains__, out))
         return out
@@ -364,10 +370,10 @@ class Hierarchy:
         # blocks no tier admitted are simply gone, as from an HBM-only replica
 
     def _store(self, tier: LowerTier, keys: list[int]) -> None:
-        where = tier.where
-        assert where is not None
         if tier.shared:  # another node may have put it there already
-            keys = list(filterfalse(where.__contains__, keys))
+            keys = list(filterfalse(tier.where.__contains__, keys))  # type: ignore[union-attr]
+        elif self.where.dense and not dense(keys):
+            self._to_dicts()
         overflow = tier.used + len(keys) - tier.capacity_blocks
         if overflow > 0:
             self._make_room(tier, overflow)
@@ -380,7 +386,10 @@ class Hierarchy:
         tier.incoming += len(keys)
         tier.stats.written_in += len(keys)
         self.version += 1
-        where.update(dict.fromkeys(keys, ~tier.index))
+        if tier.shared:
+            tier.where.update(dict.fromkeys(keys, ~tier.index))  # type: ignore[union-attr]
+        else:
+            self.where.write(keys, tier.index)
         done = tier.link.transfer(
             len(keys) * self.block_bytes,
             write=True,
@@ -389,9 +398,17 @@ class Hierarchy:
         )
         done.callbacks.append(lambda _ev: self._landed(tier, keys))
 
+    def _to_dicts(self) -> None:
+        """Move the node-local tiers to dicts: a key that is not a dense block id arrived."""
+        self.where = DictPlacement(self.where.as_dict())
+        for tier in self.tiers:
+            if not tier.shared:
+                tier.where = self.where
+                if isinstance(tier.policy, CompactLRU):
+                    tier.policy = tier.policy.to_lru()
+
     def _landed(self, tier: LowerTier, keys: list[int]) -> None:
-        where = tier.where
-        assert where is not None
+        shared = tier.shared
         tier.incoming -= len(keys)
         self.info.now_s = self.env.now
         self.version += 1
@@ -399,12 +416,18 @@ class Hierarchy:
             back = [k for k in keys if self.in_hbm(k)]
             if back:
                 # back in HBM before its copy landed: keeping it would put it in two tiers
-                consume(map(where.__delitem__, back))
+                if shared:
+                    consume(map(tier.where.__delitem__, back))  # type: ignore[union-attr]
+                else:
+                    self.where.cancel(back)
                 tier.stats.superseded += len(back)
                 gone = set(back)
                 keys = [k for k in keys if k not in gone]
         tier.resident += len(keys)
-        where.update(dict.fromkeys(keys, tier.index))
+        if shared:
+            tier.where.update(dict.fromkeys(keys, tier.index))  # type: ignore[union-attr]
+        else:
+            self.where.land(keys, tier.index)
         if self.info.future is None:
             zeros = [0] * len(keys)
             tier.policy.add_many(keys, zeros, zeros, self.info)
@@ -424,7 +447,10 @@ class Hierarchy:
         victims = tier.policy.evict(min(count, evictable)) if evictable else []
         tier.resident -= len(victims)
         self.version += 1
-        consume(map(tier.where.__delitem__, victims))  # type: ignore[union-attr]
+        if tier.shared:
+            consume(map(tier.where.__delitem__, victims))  # type: ignore[union-attr]
+        else:
+            self.where.remove(victims, tier.index)
         if not victims:
             return
         below = tier.index + 1
@@ -437,7 +463,10 @@ class Hierarchy:
     def _remove(self, tier: LowerTier, key: int) -> None:
         tier.resident -= 1
         self.version += 1
-        del tier.where[key]  # type: ignore[index]
+        if tier.shared:
+            del tier.where[key]  # type: ignore[union-attr]
+        else:
+            self.where.remove([key], tier.index)
         tier.policy.forget(key)
 
     # -- checks ----------------------------------------------------------------------------------
@@ -445,9 +474,11 @@ class Hierarchy:
         """Assert capacity, placement and conservation invariants (tests call this)."""
         landed = [0] * len(self.tiers)
         incoming = [0] * len(self.tiers)
-        maps = [self.where] if self.shared_where is None else [self.where, self.shared_where]
-        for where in maps:
-            for t in where.values():
+        maps = [self.where.values()]
+        if self.shared_where is not None:
+            maps.append(iter(self.shared_where.values()))
+        for values in maps:
+            for t in values:
                 if t >= 0:
                     landed[t] += 1
                 else:

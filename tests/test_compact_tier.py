@@ -1,0 +1,180 @@
+"""The compact lower-tier state (kvsim.kvcache.compact_tier) against the dict and LRU structure
+it replaces: identical victims, contents and lookups on random operation sequences, and keys
+that are not dense ids through the dict edge."""
+
+from __future__ import annotations
+
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsim.kvcache.compact_tier import Bits, CompactLRU, DensePlacement, DictPlacement
+from kvsim.kvcache.hierarchy import Hierarchy, LowerTier
+from kvsim.kvcache.link import Link
+from kvsim.policies.base import BlockInfo
+from kvsim.policies.lru import LRU
+
+INFO = BlockInfo()
+
+
+def add(policy, keys: list[int]) -> None:
+    zeros = [0] * len(keys)
+    policy.add_many(keys, zeros, zeros, INFO)
+
+
+def test_lru_order_by_hand():
+    lru = CompactLRU()
+    add(lru, [1, 2, 3])
+    lru.discard(2)  # a load pins 2 ...
+    add(lru, [2])  # ... and gives it back: now the most recent
+    add(lru, [4])
+    assert len(lru) == 4
+    assert lru.order() == [1, 3, 2, 4]
+    assert lru.evict(3) == [1, 3, 2]  # 2's first entry is stale and skipped
+    assert len(lru) == 1 and lru.victim() == 4
+
+
+def test_bits_small_and_large_batches():
+    bits = Bits()
+    small = [3, 9, 10, 700]
+    large = list(range(1000, 1200, 3))  # a numpy pass, several keys per byte
+    bits.add_many(small)
+    bits.add_many(large)
+    assert bits.count == len(small) + len(large)
+    assert sorted(bits) == sorted(small + large)
+    assert 9 in bits and 8 not in bits and -1 not in bits and 10**9 not in bits
+    bits.remove_many(large[::2])
+    bits.remove_many([9])
+    assert sorted(bits) == sorted([3, 10, 700, *large[1::2]])
+
+
+class Model:
+    """One tier's placement and LRU order, driven as the hierarchy drives them: writes start
+    (incoming), land (evictable), loads pin and unpin or remove (exclusive), eviction."""
+
+    def __init__(self, placement, policy) -> None:
+        self.where = placement
+        self.policy = policy
+        self.pinned: set[int] = set()
+
+    def write(self, keys: list[int]) -> list[int]:
+        keys = self.where.not_held(list(dict.fromkeys(keys)))
+        self.where.write(keys, 0)
+        return keys
+
+    def land(self, keys: list[int]) -> None:
+        self.where.land(keys, 0)
+        add(self.policy, keys)
+
+    def pin(self, keys: list[int]) -> None:
+        self.policy.discard_many(keys)
+        self.pinned.update(keys)
+
+    def unpin(self, keys: list[int], exclusive: bool) -> None:
+        self.pinned.difference_update(keys)
+        if exclusive:
+            for key in keys:
+                self.where.remove([key], 0)
+                self.policy.forget(key)
+        else:
+            add(self.policy, keys)
+
+    def evict(self, count: int) -> list[int]:
+        victims = self.policy.evict(min(count, len(self.policy)))
+        self.where.remove(victims, 0)
+        return victims
+
+
+@st.composite
+def operations(draw):
+    return draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["write", "land", "pin", "unpin", "remove", "evict"]),
+                st.lists(st.integers(0, 300), max_size=60),
+                st.integers(0, 50),
+            ),
+            max_size=60,
+        )
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(operations())
+def test_compact_tier_equals_dict_and_lru(ops):
+    compact = Model(DensePlacement(1), CompactLRU())
+    reference = Model(DictPlacement(), LRU())
+    in_flight: list[int] = []
+    for op, keys, count in ops:
+        if op == "write":
+            written = compact.write(keys)
+            assert written == reference.write(keys)
+            in_flight += written
+        elif op == "land":
+            landing, in_flight = in_flight[:count], in_flight[count:]
+            compact.land(landing)
+            reference.land(landing)
+        elif op == "pin":
+            # blocks a load reads: landed and not already pinned
+            held = [k for k in dict.fromkeys(keys) if reference.where.get(k) == 0]
+            free = [k for k in held if k not in reference.pinned]
+            compact.pin(free)
+            reference.pin(free)
+        elif op in ("unpin", "remove"):
+            done = sorted(reference.pinned)[:count]
+            compact.unpin(done, op == "remove")
+            reference.unpin(done, op == "remove")
+        else:
+            assert compact.evict(count) == reference.evict(count)
+        assert compact.where.as_dict() == reference.where.as_dict()
+        assert len(compact.policy) == len(reference.policy)
+        chain = keys + list(range(40))
+        for start in (0, 5):
+            assert compact.where.prefix(chain, start, len(chain)) == reference.where.prefix(
+                chain, start, len(chain)
+            )
+    # what is left leaves in the same order
+    assert compact.evict(10**6) == reference.evict(10**6)
+
+
+def hierarchy(capacity: int) -> tuple[simpy.Environment, Hierarchy]:
+    env = simpy.Environment()
+    link = Link(env, "dram", 1e9, 1e9, 0.0)
+    tier = LowerTier(name="dram", index=0, capacity_blocks=capacity, policy=LRU(), link=link)
+    return env, Hierarchy(env, [tier], block_bytes=1000)
+
+
+def written(env: simpy.Environment, h: Hierarchy, keys: list[int]) -> None:
+    h.evicted_from_hbm(keys)
+    env.run()
+    h.check()
+
+
+def test_keys_that_are_not_dense_ids_move_the_hierarchy_to_dicts():
+    env, h = hierarchy(capacity=6)
+    assert h.where.dense and isinstance(h.tiers[0].policy, CompactLRU)
+    written(env, h, [10, 11, 12])
+    big = [2**64 + 7, -5]  # a hand-made hash and a negative one: no bitset holds them
+    written(env, h, big)
+    assert not h.where.dense and type(h.tiers[0].policy) is LRU
+    assert h.where.as_dict() == {10: 0, 11: 0, 12: 0, 2**64 + 7: 0, -5: 0}
+    assert h.chain([10, 11, 12, 2**64 + 7, 99], 0, 5) == [0, 0, 0, 0]
+    written(env, h, [20, 21, 22])  # full: the three oldest go, in LRU order
+    assert h.tiers[0].stats.dropped == 2
+    assert set(h.where.as_dict()) == {12, 2**64 + 7, -5, 20, 21, 22}
+
+
+def test_compact_and_dict_hierarchies_agree():
+    env_a, dense = hierarchy(capacity=50)
+    env_b, dicts = hierarchy(capacity=50)
+    dicts._to_dicts()
+    assert dense.where.dense and not dicts.where.dense
+    for round_ in range(6):
+        keys = [round_ * 37 + i for i in range(40)]  # overlapping ranges: some already below
+        for env, h in ((env_a, dense), (env_b, dicts)):
+            written(env, h, keys)
+        assert dense.where.as_dict() == dicts.where.as_dict()
+        hashes = list(range(0, 300))
+        for start in (0, 37, 100, 250):
+            assert dense.chain(hashes, start, 300) == dicts.chain(hashes, start, 300)
+    assert dense.tiers[0].stats == dicts.tiers[0].stats
