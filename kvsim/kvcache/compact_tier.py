@@ -324,6 +324,20 @@ class CompactLRU(EvictionPolicy):
         self._head = head
         raise LookupError("no evictable block")
 
+    def _consume(self, entries: list[int]) -> list[int]:
+        """The live keys of these queue entries, in order; their stale entries are used up."""
+        stale = self._stale
+        flagged = list(map(stale.__contains__, entries))  # in C; usually none
+        if True not in flagged:
+            return entries
+        keep = [True] * len(entries)
+        for i in compress(range(len(entries)), flagged):
+            key = entries[i]
+            if key in stale:  # a later entry of a key whose stale ones ran out here is live
+                self._skip(key)
+                keep[i] = False
+        return list(compress(entries, keep))
+
     def _skip(self, key: int) -> None:
         left = self._stale[key] - 1
         if left:
@@ -341,14 +355,9 @@ class CompactLRU(EvictionPolicy):
             self._head = head + count
         else:
             victims = []
-            stale = self._stale
             while len(victims) < count:
                 end = head + count - len(victims)
-                for key in queue[head:end].tolist():
-                    if key in stale:
-                        self._skip(key)
-                    else:
-                        victims.append(key)
+                victims += self._consume(queue[head:end].tolist())
                 head = end
             self._head = head
         self._live -= count
@@ -359,15 +368,8 @@ class CompactLRU(EvictionPolicy):
         """Drop consumed entries once they are half the queue, and stale ones once they
         outnumber live ones: O(live) memory."""
         if self._stale_total > self._live + 4096:
-            keys = self._queue[self._head :].tolist()
-            stale = self._stale
-            kept = array("i")
-            for key in keys:
-                if key in stale:
-                    self._skip(key)
-                else:
-                    kept.append(key)
-            self._queue, self._head = kept, 0
+            kept = self._consume(self._queue[self._head :].tolist())
+            self._queue, self._head = array("i", kept), 0
         elif self._head > 65536 and self._head * 2 > len(self._queue):
             del self._queue[: self._head]
             self._head = 0
