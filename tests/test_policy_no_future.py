@@ -20,6 +20,13 @@ from kvsim.traces import Trace, load_trace
 
 K = 150
 ONLINE = [n for n in builtin_policy_names() if not resolve_policy(n).needs_future]
+#: Settings that make a policy decide by what it learned well before request K: `learned`
+#: trains its first model after 200 labels and refits every 3,000 (its defaults wait for 1,000).
+#: ema-head's head-granular replay frees groups, not victims: whole blocks, same scores.
+PARAMS = {
+    "learned": {"min_samples": 200, "retrain_every": 3000, "sample_every": 2},
+    "ema-head": {"head_granular": False},
+}
 
 
 def _changed_future(trace: Trace, k: int, seed: int) -> Trace:
@@ -45,8 +52,7 @@ def _changed_future(trace: Trace, k: int, seed: int) -> Trace:
 
 
 def _victims(seq: BlockSequence, name: str, capacity: int) -> list[tuple[int, ...]]:
-    # ema-head's head-granular replay frees groups, not victims: whole blocks, same scores
-    policy = make_policy(name, {"head_granular": False} if name == "ema-head" else None)
+    policy = make_policy(name, PARAMS.get(name))
     chosen: list[tuple[int, ...]] = []
     evict = policy.evict
 
@@ -57,6 +63,8 @@ def _victims(seq: BlockSequence, name: str, capacity: int) -> list[tuple[int, ..
 
     policy.evict = recording  # type: ignore[method-assign]
     replay(seq, policy, capacity, "prefix")
+    if name == "learned":
+        assert policy.retrains > 0, "the model must be trained before request K"  # type: ignore[attr-defined]
     return chosen
 
 
@@ -68,9 +76,7 @@ def traces() -> dict[str, tuple[BlockSequence, BlockSequence, BlockSequence]]:
         block = trace.native_block_size or 16
         changed = _changed_future(trace, K, seed=1)
         past = Trace.from_table(trace.table.slice(0, K), trace.name)
-        out[name] = tuple(
-            BlockSequence.from_trace(t, block) for t in (trace, changed, past)
-        )  # type: ignore[assignment]
+        out[name] = tuple(BlockSequence.from_trace(t, block) for t in (trace, changed, past))  # type: ignore[assignment]
     return out
 
 
