@@ -449,7 +449,7 @@ def test_moe_nd_sensitivity_table_with_too_many_layers(tmp_path: Path) -> None:
     ("text", "fragment"),
     [("bayes-reuse.age_base_s=0", "'age_base_s' must be in (0, 1e9]"),
      ("bayes-reuse.age_bins=-43539082322978350", "'age_bins' must be an integer in [1, 1024]"),
-     ('bayes-reuse.kind_map={"user": "nope"}', "'kind_map' maps segment kinds"),
+     ('bayes-reuse-v1.kind_map={"user": "nope"}', "'kind_map' maps segment kinds"),
      ("bayes-reuse.gap_edges=[2, 1]", "'gap_edges' must be non-decreasing"),
      ("lru-k.k=32589158477190044729", "'k' must be an integer in [1, 1024]"),
      ("s3fifo.move_to_main_threshold=0", "'move_to_main_threshold'"),

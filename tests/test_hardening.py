@@ -147,7 +147,7 @@ BAD_RUN = [
         "parameter prefix_aware: expected true or false",
     ),
     (
-        ["--policy", "bayes-reuse", "--policy-param", "bayes-reuse.depth_edges=[1,2]"],
+        ["--policy", "bayes-reuse", "--policy-param", "bayes-reuse.turn_edges=[1,2]"],
         "expected a list of 3 values",
     ),
     # a parameter for a policy the run does not use would silently do nothing
@@ -193,9 +193,9 @@ def test_bad_mrc_values_are_one_line(capsys, args, needle):
 
 
 def test_policy_params_are_typed_against_the_dataclass():
-    params = make_policy("bayes-reuse", {"horizon_s": 60, "depth_edges": [1, 2, 3]}).params
+    params = make_policy("bayes-reuse", {"horizon_s": 60, "turn_edges": [1, 2, 3]}).params
     assert params.horizon_s == 60.0 and isinstance(params.horizon_s, float)
-    assert params.depth_edges == (1, 2, 3)
+    assert params.turn_edges == (1, 2, 3)
     assert make_policy("lru-k", {"k": 3.0}).params.k == 3  # a whole float is an integer
     for bad in ({"horizon_s": math.nan}, {"horizon_s": math.inf}, {"gap_edges": [0.5, math.nan]}):
         with pytest.raises(ConfigError, match="finite"):
