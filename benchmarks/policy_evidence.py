@@ -46,6 +46,8 @@ TRACES = (
 )
 #: The policies that predict reuse from request metadata (issue 23's goals are about them).
 PREDICTIVE = ("bayes-reuse", "wa", "ttl-pin", "learned")
+#: Policies that take longest per access, started first.
+SLOW = ("learned", "bayes-reuse", "bayes-reuse-v1", "belady", "ema-head (loss ≤ 0.1 %)")
 #: Extra rows: label -> (policy, params).
 VARIANTS = {
     "ema-head (whole blocks)": ("ema-head", {"head_granular": False}),
@@ -73,20 +75,17 @@ def _sequence(trace: str) -> tuple[BlockSequence, np.ndarray, list[int]]:
     return seq, next_use(seq.keys), caps
 
 
-def _run(job: tuple[str, str, str, dict[str, Any], str]) -> list[dict[str, Any]]:
-    """One policy on one trace at every capacity (a worker process's unit of work)."""
-    trace, label, name, params, semantics = job
-    seq, future, caps = _sequence(trace)
-    rows = []
-    for c in caps:
-        policy = make_policy(name, params)
-        start = time.process_time()
-        r = replay(seq, policy, c, semantics, future=future)
-        seconds = time.process_time() - start
-        rows.append({"label": label, "capacity": c, "accesses": r.accesses, "hits": r.hits,
-                     "extra": r.extra or {}, "seconds": seconds,
-                     "train_s": float(getattr(policy, "train_seconds", 0.0))})  # fmt: skip
-    return rows
+def _run(job: tuple[str, str, str, dict[str, Any], str, int]) -> dict[str, Any]:
+    """One policy on one trace at one capacity (a worker process's unit of work)."""
+    trace, label, name, params, semantics, c = job
+    seq, future, _ = _sequence(trace)
+    policy = make_policy(name, params)
+    start = time.process_time()
+    r = replay(seq, policy, c, semantics, future=future)
+    seconds = time.process_time() - start
+    return {"label": label, "capacity": c, "accesses": r.accesses, "hits": r.hits,
+            "extra": r.extra or {}, "seconds": seconds,
+            "train_s": float(getattr(policy, "train_s", 0.0))}  # fmt: skip
 
 
 def plot(results: list[ReplayResult], path: Path, title: str) -> None:
@@ -160,9 +159,9 @@ def report(trace: str, rows: list[dict[str, Any]], labels: list[str], semantics:
         + "; lossy hits "
         + ", ".join(str(int(e.get("lossy_hits", 0))) for e in lossy)
     )
-    train = {r["label"]: r["train_s"] for r in rows if r["train_s"]}
+    train = {r["label"]: r["train_s"] for r in rows if r["train_s"]}  # the largest capacity's
     if train:
-        print("training time (s, largest capacity): "
+        print("model training time (s, largest capacity): "
               + ", ".join(f"{k} {v:.1f}" for k, v in train.items()))  # fmt: skip
     below = {}
     for label in PREDICTIVE:
@@ -206,13 +205,14 @@ def main() -> None:
     runs = {n: (n, {}) for n in policy_names() if not n.startswith("example-")}
     runs.update(VARIANTS)
     labels = list(runs)
-    jobs = [(t, label, name, params, args.semantics) for t in args.traces
-            for label, (name, params) in runs.items()]  # fmt: skip
+    jobs = [(t, label, name, params, args.semantics, c) for t in args.traces
+            for label, (name, params) in runs.items() for c in _sequence(t)[2]]  # fmt: skip
+    jobs.sort(key=lambda j: j[1] not in SLOW)  # the slow ones first: the pool ends together
     with ProcessPoolExecutor(args.jobs) as pool:
         done = list(pool.map(_run, jobs))
     found = {}
     for trace in args.traces:
-        rows = [r for job, out in zip(jobs, done, strict=True) if job[0] == trace for r in out]
+        rows = [out for job, out in zip(jobs, done, strict=True) if job[0] == trace]
         found[trace] = report(trace, rows, labels, args.semantics)
     goals(found)
 
