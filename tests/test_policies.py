@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.mrc import BlockSequence, next_use, replay
-from kvsim.policies import BlockInfo, make_policy, policy_names
+from kvsim.policies import BlockInfo, RequestHint, make_policy, policy_names
 from kvsim.policies.bayes_reuse_v1 import BayesReuseV1, BayesReuseV1Params
 from kvsim.traces import KIND_CODES, load_trace
 
@@ -26,6 +26,13 @@ def sharegpt() -> BlockSequence:
 
 
 # -- contract: one suite for every policy (STYLE habit 9) ----------------------------------------
+#: Request hints the contract feeds: none, a chat turn, an agent call awaiting a tool, unknowns.
+HINTS = [
+    None,
+    RequestHint(1, 0, -1, "chat", -1.0),
+    RequestHint(2, 3, 5, "agent", 2.0),
+    RequestHint(3, 1, -1, "", 0.0),
+]
 ops = st.lists(
     st.tuples(st.sampled_from(["get", "pin", "unpin", "evict"]), st.integers(1, 40)), max_size=300
 )
@@ -44,6 +51,7 @@ def test_tier_invariants(name: str, seq: list[tuple[str, int]], capacity: int) -
     for op, key in seq:
         clock += 1.0
         info.now_s, info.position, info.parent, info.next_use = clock, key % 5, key - 1, clock + key
+        info.hint = HINTS[key % len(HINTS)]  # with and without request metadata
         if op == "get":
             if key in refs:
                 policy.access(key, info)
