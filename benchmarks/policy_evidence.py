@@ -152,7 +152,8 @@ def report(trace: str, rows: list[dict[str, Any]], labels: list[str], semantics:
             shares[label].append(share)
             cells.append(f"{h:.3f} ({'=' if share is None else f'{share:+.0%}'})")
         print(f"| {label} | " + " | ".join(cells) + f" | {cost[label]:.1f} |")
-    lossy = [by[("ema-head (loss ≤ 0.1 %)", c)].extra or {} for c in caps]
+    lossy = [(by.get(("ema-head (loss ≤ 0.1 %)", c)) or by[("lru", c)]).extra or {}
+             for c in caps]  # fmt: skip
     print(
         "\nema-head (loss ≤ 0.1 %): attention mass lost per request "
         + ", ".join(f"{e.get('attention_mass_lost', 0):.2e}" for e in lossy)
@@ -201,9 +202,14 @@ def main() -> None:
     ap.add_argument("traces", nargs="*", default=list(TRACES))
     ap.add_argument("--semantics", default="prefix", choices=("plain", "prefix"))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--policies", default="", help="only these (with lru and belady), e.g. "
+                    "to refresh one row after a change")  # fmt: skip
     args = ap.parse_args()
     runs = {n: (n, {}) for n in policy_names() if not n.startswith("example-")}
     runs.update(VARIANTS)
+    if args.policies:
+        keep = {"lru", "belady", *args.policies.split(",")}
+        runs = {label: run for label, run in runs.items() if label in keep}
     labels = list(runs)
     jobs = [(t, label, name, params, args.semantics, c) for t in args.traces
             for label, (name, params) in runs.items() for c in _sequence(t)[2]]  # fmt: skip

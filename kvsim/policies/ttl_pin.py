@@ -22,7 +22,8 @@ the T (a bin edge up to ``end_gaps`` mean gaps) with the highest r. The cost sid
 hold the block for about the tier's fill time F (the time its last ``capacity`` released blocks
 took to arrive, Che's characteristic time), earning r(F); and the blocks a pin displaces, the
 older half of the LRU order, have earned ``kappa`` hits per block-second so far. A release is
-pinned, for TTL > F, only when r(TTL) > (1 + ``min_gain``) max(r(F), kappa). So pins pay only
+pinned, for TTL > F, only when r(TTL) > (1 + ``min_gain``) max(r(F), kappa) and its session
+comes back at least ``min_continue`` of the time. So pins pay only
 where the gaps are not memoryless (for an exponential gap r falls with T, and LRU's short hold
 is as good), the tier is too small to keep a session until it returns, and the pin out-earns
 what it displaces. Continuum prices reload and queueing delay in seconds; a hit ratio weighs
@@ -68,6 +69,11 @@ class TtlPinParams:
     """A pin must earn this much more per block-second than what it replaces: a guard
     against pins decided on noise (our choice: of 0.1 and 0.25, tried on sharegpt and lmsys,
     0.25 gained more at their smallest sizes; neither fell below LRU)."""
+    min_continue: float = 0.1
+    """A release whose session sends another request less often than this is never pinned
+    (our choice): without sessions (every Mooncake request is its own) the learned chance is
+    about 0.001, and pins held for nothing still outranked LRU's blocks once those earned nothing
+    either, a stable set that helped one trace by accident and hurt another."""
     gap_base_s: float = 0.25
     """Upper edge of the first gap bin; each next edge is sqrt(2) times the last."""
     gap_bins: int = 64
@@ -76,6 +82,7 @@ class TtlPinParams:
     def __post_init__(self) -> None:
         check_param(0 <= self.prior_continue <= 1, "prior_continue", "must be in [0, 1]")
         check_param(0 <= self.min_gain <= 1e9, "min_gain", "must be in [0, 1e9]")
+        check_param(0 <= self.min_continue <= 1, "min_continue", "must be in [0, 1]")
         for name in ("prior_mean_gap_s", "prior_weight", "end_gaps", "gap_base_s"):
             check_param(0 < getattr(self, name) <= 1e9, name, "must be in (0, 1e9]")
         check_param(1 <= self.gap_bins <= 256, "gap_bins", "must be an integer in [1, 256]")
@@ -205,7 +212,10 @@ class TtlPin(EvictionPolicy):
         fill = self.fill_time()
         if fill == math.inf:
             return 0.0  # nothing is evicted yet
-        longest = self.params.end_gaps * self.estimate(hint)[1]
+        pi, mean_gap = self.estimate(hint)
+        if pi < self.params.min_continue:
+            return 0.0
+        longest = self.params.end_gaps * mean_gap
         holds = [e for e in self._edges if fill < e <= longest]
         if not holds:
             return 0.0
