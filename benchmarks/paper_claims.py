@@ -95,7 +95,7 @@ AT_SLO_RATE = "4x"
 AT_SLO_ROUTERS = ("round-robin", "dynamo-kv")
 
 
-def slo_fleet(trace: str, n: int) -> tuple[dict[str, Any], str]:
+def slo_fleet(trace: str, n: int) -> tuple[dict[str, Any] | None, str]:
     """Overrides putting the baseline on the cheapest shipped-node fleet that meets the SLOs at
     `AT_SLO_RATE` (kvsim plan, tiers as the baseline's: hbm + dram), and its label."""
     from kvsim.plan import PlanSettings, parse_rates, resolve_rates, run_plan, serial_runner
@@ -108,7 +108,8 @@ def slo_fleet(trace: str, n: int) -> tuple[dict[str, Any], str]:
                          trace_rate_per_s(load_trace(trace, max_requests=n)))  # fmt: skip
     winner = run_plan(settings, rate, serial_runner).frontier[0].winner
     if winner is None:
-        raise SystemExit(f"{trace}: no baseline fleet up to the cap meets the SLOs")
+        return None, (f"no baseline fleet of up to {settings.max_replicas} shipped nodes meets "
+                      f"the SLOs at {AT_SLO_RATE} load")  # fmt: skip
     d = winner.deployment
     overrides = {"replicas": d.replicas, "router": d.router, "rate_scale": rate[0].rate_scale,
                  "slo_ttft_s": SLO_TTFT_P99_S, "slo_tpot_s": SLO_TPOT_P99_S}  # fmt: skip
@@ -224,7 +225,11 @@ def run_slices(slices: Mapping[str, int], jobs: int, at_slo: bool = False) -> st
             for node in nodes:
                 t0 = time.perf_counter()
                 if node == "at-slo":
-                    overrides, label = slo_fleet(trace, n)
+                    fleet, label = slo_fleet(trace, n)
+                    if fleet is None:
+                        heads.append(f"| {trace} | {label} | {n} | | | | | | |")
+                        continue
+                    overrides = fleet
                 elif node == "scaled":
                     overrides = scaled_node(trace, n)
                     label = f"scaled ({overrides['num_gpu_blocks']:,} HBM blocks)"
