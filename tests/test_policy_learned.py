@@ -63,7 +63,7 @@ def _sessions(n_requests: int, seed: int = 0) -> BlockSequence:
 
 
 def test_same_inputs_same_decisions() -> None:
-    seq = _sessions(1500)
+    seq = _sessions(600)
     params = LearnedParams(min_samples=200, retrain_every=500, window=2000, max_iter=8)
     runs = []
     for _ in range(2):

@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pyarrow as pa
 import pytest
-from test_policy_no_future import K, _changed_future
 
 from kvsim.errors import ConfigError
 from kvsim.kvcache.hints import TraceHints
@@ -15,7 +14,6 @@ from kvsim.mrc import BlockSequence, replay
 from kvsim.policies.base import BlockInfo, RequestHint
 from kvsim.policies.lru import LRU
 from kvsim.policies.wa import WorkloadAware, WorkloadAwareParams
-from kvsim.traces import Trace, load_trace
 
 CHAT = RequestHint(session=1, turn=0, category="chat")
 API = RequestHint(session=2, turn=0, category="api")
@@ -174,19 +172,3 @@ def _victims(seq: BlockSequence, capacity: int) -> list[tuple[int, ...]]:
     policy.evict = recording  # type: ignore[method-assign]
     replay(seq, policy, capacity, "prefix")
     return chosen
-
-
-@pytest.mark.parametrize("trace", ["sharegpt", "agentic"])
-def test_decisions_ignore_the_future(trace: str) -> None:
-    """Victims while serving the first K requests are the same when every later request is
-    reordered, retimed and relabelled (tests/test_policy_no_future.py's changed trace)."""
-    full = load_trace(trace, max_requests=2 * K)
-    block = full.native_block_size or 16
-    past = Trace.from_table(full.table.slice(0, K), full.name)
-    changed = _changed_future(full, K, seed=1)
-    capacity = 400 if trace == "sharegpt" else 1200
-    before, *after = (
-        _victims(BlockSequence.from_trace(t, block), capacity) for t in (past, full, changed)
-    )
-    assert before, "the check needs evictions before request K"
-    assert [run[: len(before)] for run in after] == [before, before]
