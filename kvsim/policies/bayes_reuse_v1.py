@@ -40,6 +40,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from kvsim.policies.base import BlockInfo, EvictionPolicy, check_param
+from kvsim.policies.lazy_heap import live_head
 
 TRANSITIONS = ("new", "short-gap", "mid-gap", "long-gap")
 BLOCK_KINDS = ("system", "user", "assistant", "other")
@@ -283,18 +284,9 @@ class BayesReuseV1(EvictionPolicy):
             pair, last = ghost.popitem(last=False)[1]
             self._episode(pair, self._now - last, False)
 
-    def _head(self, heap: list[tuple[float, int, int]]) -> tuple[float, int, int] | None:
-        live = self._live
-        while heap:
-            entry = heap[0]
-            if live.get(entry[2]) is entry:
-                return entry
-            heapq.heappop(heap)
-        return None
-
     def victim(self) -> int:
         heaps = self._heaps
-        orphan = self._head(heaps[PAIRS])
+        orphan = live_head(heaps[PAIRS], self._live)
         if orphan is not None:
             return orphan[2]
         now = self._now
@@ -303,7 +295,7 @@ class BayesReuseV1(EvictionPolicy):
         best = None
         best_score = 0.0
         for pair in range(PAIRS):
-            entry = self._head(heaps[pair])
+            entry = live_head(heaps[pair], self._live)
             if entry is None:
                 continue
             score = table[pair][self._bin(now - entry[0])] * meta[entry[2]][2]

@@ -11,6 +11,7 @@ import heapq
 from typing import Any
 
 from kvsim.policies.base import EvictionPolicy
+from kvsim.policies.lazy_heap import live_head
 
 
 class PriorityPolicy(EvictionPolicy):
@@ -35,13 +36,10 @@ class PriorityPolicy(EvictionPolicy):
         self._live.pop(key, None)
 
     def victim(self) -> int:
-        heap, live = self._heap, self._live
-        while heap:
-            entry = heap[0]
-            if live.get(entry[2]) is entry:
-                return entry[2]
-            heapq.heappop(heap)
-        raise LookupError("no evictable block")
+        entry = live_head(self._heap, self._live)
+        if entry is None:
+            raise LookupError("no evictable block")
+        return entry[2]
 
     def __len__(self) -> int:
         return len(self._live)

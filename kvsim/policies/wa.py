@@ -45,6 +45,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from kvsim.policies.base import BlockInfo, EvictionPolicy, check_param
+from kvsim.policies.lazy_heap import live_head
 
 TURNS = ("first", "later", "unknown")
 
@@ -274,15 +275,6 @@ class WorkloadAware(EvictionPolicy):
             heapq.heapify(heap)
         self._heaps, self._entries = heaps, len(self._live)
 
-    def _head(self, heap: list[tuple[float, int, int]]) -> tuple[float, int, int] | None:
-        live = self._live
-        while heap:
-            entry = heap[0]
-            if live.get(entry[2]) is entry:
-                return entry
-            heapq.heappop(heap)
-        return None
-
     def _score(self, cls: int, entry: tuple[float, int, int]) -> tuple[float, float, int]:
         fit = self._fits[cls]
         return (fit.log_odds - fit.rate * (self._now - entry[0]), entry[0], entry[1])
@@ -291,7 +283,7 @@ class WorkloadAware(EvictionPolicy):
         best = None
         best_key = 0
         for cls, heap in enumerate(self._heaps):
-            entry = self._head(heap)
+            entry = live_head(heap, self._live)
             if entry is None:
                 continue
             score = self._score(cls, entry)
@@ -305,7 +297,7 @@ class WorkloadAware(EvictionPolicy):
         # the fits and the clock do not move during one call, so class heads keep their scores
         heads = []
         for cls, heap in enumerate(self._heaps):
-            entry = self._head(heap)
+            entry = live_head(heap, self._live)
             if entry is not None:
                 heads.append((*self._score(cls, entry), cls))
         heapq.heapify(heads)
@@ -318,7 +310,7 @@ class WorkloadAware(EvictionPolicy):
             victims.append(key)
             self.discard(key)
             self.forget(key)
-            entry = self._head(self._heaps[cls])
+            entry = live_head(self._heaps[cls], self._live)
             if entry is None:
                 heapq.heappop(heads)
             else:
