@@ -39,9 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import TraceError
-from kvsim.textio import parse_json
 from kvsim.traces.blocks import mix
-from kvsim.traces.common import RowErrors, iter_lines
+from kvsim.traces.common import RowErrors, iter_lines, json_object_row
 from kvsim.traces.schema import (
     KIND_CODES,
     MAX_CATEGORY_CHARS,
@@ -87,17 +86,9 @@ def _is_int(value: object, low: int, high: int) -> bool:
 
 def _check_row(raw: bytes, where: str) -> str | dict:
     """The row's checked values, or the one-line error message."""
-    try:
-        row = parse_json(raw)
-    except UnicodeDecodeError as exc:
-        return f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x})"
-    except ValueError as exc:
-        return f"{where}: not valid JSON: {exc}"
-    if not isinstance(row, dict):
-        return f"{where}: expected a JSON object, got {type(row).__name__}"
-    for field in BAILIAN_FIELDS:
-        if field not in row:
-            return f"{where}: field {field!r}: missing"
+    row = json_object_row(raw, where, BAILIAN_FIELDS)
+    if isinstance(row, str):
+        return row
     chat, parent, ts = row["chat_id"], row["parent_chat_id"], row["timestamp"]
     n_in, n_out, kind, hashes = (row["input_length"], row["output_length"], row["type"],
                                  row["hash_ids"])  # fmt: skip

@@ -35,6 +35,23 @@ __all__ = [
 ]
 
 
+def json_object_row(raw: bytes, where: str, fields: Iterable[str]) -> dict | str:
+    """A JSON-lines row as a dict holding every one of `fields`, or the one-line message
+    saying what is wrong with it (not UTF-8, not JSON, not an object, a field missing)."""
+    try:
+        row = parse_json(raw)
+    except UnicodeDecodeError as exc:
+        return f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x})"
+    except ValueError as exc:
+        return f"{where}: not valid JSON: {exc}"
+    if not isinstance(row, dict):
+        return f"{where}: expected a JSON object, got {type(row).__name__}"
+    for name in fields:
+        if name not in row:
+            return f"{where}: field {name!r}: missing"
+    return row
+
+
 def iter_lines(path: Path, shown: str) -> Iterator[tuple[int, bytes]]:
     """(line number, raw bytes) of each line of a text file, gzip-compressed or not.
 

@@ -16,9 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import TraceError
-from kvsim.textio import parse_json
 from kvsim.traces.blocks import mix
-from kvsim.traces.common import RowErrors, iter_lines
+from kvsim.traces.common import RowErrors, iter_lines, json_object_row
 from kvsim.traces.schema import (
     KIND_CODES,
     MAX_REQUEST_TOKENS,
@@ -50,17 +49,9 @@ def _is_int(value: object) -> bool:
 
 def _check_row(raw: bytes, where: str) -> str | tuple:
     """The row's (timestamp, input, output, hash ids), or the one-line error message."""
-    try:
-        row = parse_json(raw)
-    except UnicodeDecodeError as exc:
-        return f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x})"
-    except ValueError as exc:
-        return f"{where}: not valid JSON: {exc}"
-    if not isinstance(row, dict):
-        return f"{where}: expected a JSON object, got {type(row).__name__}"
-    for field in _FIELDS:
-        if field not in row:
-            return f"{where}: field {field!r}: missing"
+    row = json_object_row(raw, where, _FIELDS)
+    if isinstance(row, str):
+        return row
     ts = row["timestamp"]
     if type(ts) not in (int, float) or not (0 <= ts < _MAX_NUMBER):
         return str(_bad(where, "timestamp", "a non-negative number of milliseconds", ts))
