@@ -162,6 +162,15 @@ def _format_summary(summary: dict[str, object], out: Path) -> str:
                     f"locally, {pd['kv_transfer_bytes'] / 1e9:,.2f} GB of KV moved",
                 )
             )
+    if s.get("sharding"):
+        walls = s["shard_wall_s"]
+        rows.append(
+            (
+                "sharding",
+                f"{s['shards']} windows, {s['warmup_s']:g} s timed warm-up each, slowest "
+                f"{max(walls):.2f} s: an approximation (docs/sharding.md)",
+            )
+        )
     rows += [
         ("simulated / wall", f"{s['simulated_s']:,.1f} s simulated in {s['wall_s']:.2f} s"),
         ("results", str(out)),
@@ -257,6 +266,16 @@ def _default_out() -> Path:
         n += 1
         out = base.with_name(f"{base.name}-{n}")
     return out
+
+
+def _check_ray() -> None:
+    """Ray must be importable before `--executor ray` starts anything."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise KvsimError(
+            "--executor ray needs Ray, which is not installed: pip install 'kvsim[ray]'"
+        ) from None
 
 
 @cli.command()
@@ -429,6 +448,32 @@ def _default_out() -> Path:
     help="Run even when the estimate (kvsim.estimate) says it needs more memory than this "
     "machine has available.",
 )
+@click.option(
+    "--shards",
+    type=int,
+    help="Split the trace into this many consecutive time windows simulated in parallel, each "
+    "after a cache-only replay of what came before (an approximation; docs/sharding.md). "
+    "[default: 1, unsharded]",
+)
+@click.option(
+    "--warmup",
+    "warmup_s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="With --shards: seconds of timed simulation before each window, not counted.",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="With --shards: local processes, or Ray.",
+)
+@click.option("--ray-address", help="With --executor ray: join this Ray cluster.")
+@click.option(
+    "-j", "--jobs", type=int, help="With --shards: workers. [default: one per shard, per CPU]"
+)
 def run(
     config_path: str | None,
     out: str | None,
@@ -436,6 +481,11 @@ def run(
     as_json: bool,
     baseline_policy: str | None,
     yes: bool,
+    shards: int | None,
+    warmup_s: float,
+    executor: str,
+    ray_address: str | None,
+    jobs: int | None,
     **options,
 ) -> None:
     """Simulate serving replicas on a trace and report TTFT, TPOT, throughput and hit ratio.
@@ -469,6 +519,18 @@ def run(
         base_resolved = _resolve_as_typed(
             dataclasses.replace(config, engine=base_engine), {*given, "policy"}, config_path
         )
+    sharding = None
+    if shards is not None:
+        from kvsim.shard.run import Sharding, check_shardable
+
+        if ray_address is not None and executor != "ray":
+            raise KvsimError("--ray-address: only with --executor ray")
+        sharding = Sharding(shards, warmup_s, executor, ray_address, jobs)
+        check_shardable(resolved, sharding)
+        if executor == "ray":
+            _check_ray()
+    elif executor != "local" or ray_address is not None or jobs is not None:
+        raise KvsimError("--executor, --ray-address and --jobs: only with --shards")
     # a long or large run says so (or is refused) before anything is written or simulated
     from kvsim.estimate import check_estimate
 
@@ -485,8 +547,10 @@ def run(
             raise
     progress = _Progress()
     try:
-        outcome = run_resolved(resolved, progress=progress)
-        base_outcome = run_resolved(base_resolved) if base_resolved is not None else None
+        outcome = run_resolved(resolved, progress=progress, sharding=sharding)
+        base_outcome = (
+            run_resolved(base_resolved, sharding=sharding) if base_resolved is not None else None
+        )
     except BaseException:
         folder.discard()
         if base_folder is not None:

@@ -58,6 +58,7 @@ from kvsim.engine.tiers import replica_share
 from kvsim.hardware.tier_kinds import SHARED_TIER_NAMES
 from kvsim.metrics import summarize
 from kvsim.resolve import ResolvedRun, resolve
+from kvsim.shard.run import Sharding, check_shardable, run_sharded
 from kvsim.traces import Trace, load_trace
 from kvsim.traces.registry import run_requests
 from kvsim.units import format_bytes
@@ -99,24 +100,40 @@ def trace_options(config: RunConfig) -> dict[str, Any]:
 
 
 def run(
-    config: RunConfig, progress: ProgressFn | None = None, *, trace: Trace | None = None
+    config: RunConfig,
+    progress: ProgressFn | None = None,
+    *,
+    trace: Trace | None = None,
+    sharding: Sharding | None = None,
 ) -> RunOutcome:
     """Resolve the config, load its trace, simulate, and summarise (KvsimError on bad input).
 
     `trace`, when given, must be ``load_trace(config.trace, **trace_options(config))``, loaded
-    earlier (kvsim.sweep reuses one per worker); otherwise it is loaded here.
+    earlier (kvsim.sweep reuses one per worker); otherwise it is loaded here. `sharding` splits
+    the run into time windows simulated in parallel (kvsim.shard: an approximation, said so in
+    the summary).
     """
-    return run_resolved(resolve(config), progress, trace=trace)
+    return run_resolved(resolve(config), progress, trace=trace, sharding=sharding)
 
 
 def run_resolved(
-    resolved: ResolvedRun, progress: ProgressFn | None = None, *, trace: Trace | None = None
+    resolved: ResolvedRun,
+    progress: ProgressFn | None = None,
+    *,
+    trace: Trace | None = None,
+    sharding: Sharding | None = None,
 ) -> RunOutcome:
     """`run` for a config `kvsim.resolve.resolve` has already checked."""
     config, model, engine = resolved.config, resolved.model, resolved.engine
+    if sharding is not None:
+        check_shardable(resolved, sharding)
     if trace is None:
         trace = load_trace(config.trace, **trace_options(config))
-    result = run_engine(trace, engine, progress=progress)
+    figures: dict[str, Any] = {}
+    if sharding is None:
+        result = run_engine(trace, engine, progress=progress)
+    else:
+        result, figures = run_sharded(resolved, sharding, trace=trace, progress=progress)
     summary: dict[str, Any] = {
         "trace": config.trace,
         "skipped_rows": trace.skipped_rows,
@@ -132,6 +149,7 @@ def run_resolved(
     summary["run_warnings"] = run_warnings(
         summary, result, config.engine, max_context=model.max_context_tokens
     )
+    summary.update(figures)
     return RunOutcome(config, result, summary)
 
 

@@ -29,7 +29,7 @@ from kvsim.engine.scheduler import Scheduler
 from kvsim.hardware.tier_kinds import tier_kind
 from kvsim.kvcache.request import Request
 from kvsim.metrics.attribution import Attribution
-from kvsim.routers import PrefixMatch, ReplicaLoad, Router, RouteRequest
+from kvsim.routers import ClusterView, PrefixMatch, ReplicaLoad, Router, RouteRequest
 
 
 def batch_prefill_s(
@@ -300,6 +300,13 @@ class Cluster:
     def attribute_alone(self, req: Request) -> None:
         """A lone replica: nothing to route, but its reuse still splits into captured and lost."""
         self._attribute(req, self._route_request(req), 0)
+
+    def warm_choice(self, req: Request, view: ClusterView) -> int:
+        """Where the router sends `req` when shown `view` (the cache-only warm-up of a sharded
+        window, kvsim.engine.warmup: aggregated serving only, nothing attributed)."""
+        if len(self.replicas) == 1:
+            return 0
+        return self.router.choose(self._route_request(req), view, self.everyone)
 
     def route(self, req: Request) -> None:
         """Choose where `req` runs (under P/D: where it decodes and where it is prefilled)."""

@@ -7,8 +7,10 @@ checked (`kvsim.run` resolves a whole run once and calls it).
 
 from __future__ import annotations
 
+import math
 import time
 
+import numpy as np
 import simpy
 
 from kvsim.engine.assemble import RunParts, assemble
@@ -16,6 +18,8 @@ from kvsim.engine.collect import collect
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.resolve import ResolvedEngine, resolve_engine
 from kvsim.engine.trace_view import TraceRequests
+from kvsim.engine.warmup import warm_up
+from kvsim.engine.window import Window, WindowMeter, WindowResult
 from kvsim.engine.workload import ProgressFn, Workload
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.metrics.requests import RequestLog
@@ -24,7 +28,7 @@ from kvsim.metrics.timeline import Timeline
 from kvsim.models import ModelSpec
 from kvsim.traces import Trace
 
-__all__ = ["ProgressFn", "RunResult", "run_engine", "simulate"]
+__all__ = ["ProgressFn", "RunResult", "run_engine", "run_window", "simulate"]
 
 
 def simulate(
@@ -40,15 +44,34 @@ def simulate(
 
 def run_engine(trace: Trace, run: ResolvedEngine, progress: ProgressFn | None = None) -> RunResult:
     """Replay `trace` through the run's replicas and return what they measured."""
+    return run_window(trace, run, Window(-math.inf, math.inf), progress).result
+
+
+def run_window(
+    trace: Trace, run: ResolvedEngine, window: Window, progress: ProgressFn | None = None
+) -> WindowResult:
+    """`run_engine` for one window of a sharded run (kvsim.engine.window): `trace` ends at
+    the window's end; the requests before its timed start warm the caches (kvsim.engine.warmup)
+    and what it counts is cut to the window."""
     wall_start = time.perf_counter()
     env = simpy.Environment()
     source = TraceRequests(trace, run.config.block_size)
     lower_tiers = sum(1 for t in run.profile.tiers if t.name != "hbm" and t.enabled)
-    workload = Workload(env, source, run, RequestLog(source.n, lower_tiers), progress)
+    arrival = source.arrival_s
+    timed = None if window.whole else arrival >= window.timed_from_s
+    log = RequestLog(source.n, lower_tiers)
+    workload = Workload(env, source, run, log, progress, timed)
     fleet = assemble(RunParts.build(env, run, source), workload.finished)
     timeline = Timeline(
         env, fleet.replicas, run.config.timeline_interval_s, lambda: workload.completed
     )
-    workload.start(fleet, timeline)
+    meter = WindowMeter(env, fleet, window)
+    if timed is not None and not timed.all():
+        env.process(warm_up(env, workload, fleet, np.flatnonzero(~timed)))
+    workload.start(fleet, timeline, from_s=window.timed_from_s)
     env.run()
-    return collect(workload, fleet, timeline, time.perf_counter() - wall_start)
+    result = collect(workload, fleet, timeline, time.perf_counter() - wall_start)
+    if window.whole:
+        first = float(np.min(arrival)) if source.n else 0.0
+        return WindowResult(result, np.arange(source.n), first, first + result.simulated_s)
+    return meter.restrict(result, arrival)

@@ -40,7 +40,10 @@ class Workload:
         run: ResolvedEngine,
         log: RequestLog,
         progress: ProgressFn | None = None,
+        timed: np.ndarray | None = None,
     ) -> None:
+        """`timed`: the rows this engine issues (a sharded window's, kvsim.engine.window; None:
+        every row). A closed-loop turn whose earlier turn is not timed arrives at its trace time."""
         self.env = env
         self.source = source
         self.run = run
@@ -49,6 +52,15 @@ class Workload:
         self.completed = 0
         self.live: dict[int, Request] = {}  # issued or about to be, not yet recorded
         self.follows = source.next_turns()  # closed-loop turn of each request that has one
+        self.every_follow = dict(self.follows)  # the same, with those a warm-up replays
+        self.timed = timed
+        self.total = source.n
+        if timed is not None:
+            self.total = int(timed.sum())
+            for prev, nxt in list(self.follows.items()):
+                if not timed[prev]:
+                    del self.follows[prev]
+                    source.closed_loop[nxt] = False
         self.comp_codes = np.zeros(source.n, dtype=np.int16)  # index into the fleet's engines
         self.kv_peak_blocks = np.zeros(source.n, dtype=np.int64)
         self._fleet: Fleet | None = None
@@ -56,17 +68,23 @@ class Workload:
 
     @property
     def done(self) -> bool:
-        return self.completed >= self.source.n
+        return self.completed >= self.total
 
-    def start(self, fleet: Fleet, timeline: Timeline) -> None:
-        """Begin the arrivals into `fleet`; `timeline` samples the run until it is done."""
+    def start(self, fleet: Fleet, timeline: Timeline, from_s: float = 0.0) -> None:
+        """Begin the arrivals into `fleet`; `timeline` samples the run from `from_s` (a sharded
+        window's timed start) until it is done."""
         self._fleet = fleet
         self._timeline = timeline
         env = self.env
         env.process(self._arrivals())
-        env.process(timeline.sample(lambda: self.done))
+        env.process(self._sample(timeline, from_s))
         if fleet.view.stale:
             env.process(self._refreshes(fleet))
+
+    def _sample(self, timeline: Timeline, from_s: float) -> Iterator[simpy.Event]:
+        if from_s > self.env.now:
+            yield self.env.timeout(from_s - self.env.now)
+        yield from timeline.sample(lambda: self.done)
 
     def finished(self, req: Request) -> None:
         """`req` left the system (served or refused): record it; issue the turn that follows."""
@@ -74,13 +92,13 @@ class Workload:
         self._record(req)
         del self.live[req.index]
         if self.progress is not None:
-            self.progress(self.completed, self.source.n)
+            self.progress(self.completed, self.total)
         nxt = self.follows.get(req.index)
         if nxt is None:
             return
         env, config = self.env, self.run.config
         think = float(self.source.think_time_s[nxt])
-        turn = self._request(nxt)
+        turn = self.request(nxt)
         env.timeout(think).callbacks.append(lambda _ev, r=turn: self._issue(r))
         assert self._fleet is not None
         replica = self._fleet.replicas[req.replica]
@@ -101,7 +119,7 @@ class Workload:
         if req.comp is not None:
             self.comp_codes[req.index] = req.comp.code
 
-    def _request(self, i: int) -> Request:
+    def request(self, i: int) -> Request:
         source = self.source
         req = self.live[i] = Request(i, int(source.input_tokens[i]), int(source.output_tokens[i]))
         req.hint = source.hints.at(i, replied=False)
@@ -112,13 +130,14 @@ class Workload:
 
     def _arrivals(self) -> Iterator[simpy.Event]:
         env, source = self.env, self.source
-        order = np.flatnonzero(~source.closed_loop)
+        issued = ~source.closed_loop if self.timed is None else ~source.closed_loop & self.timed
+        order = np.flatnonzero(issued)
         order = order[np.argsort(source.arrival_s[order], kind="stable")]
         for i in order:
             delay = float(source.arrival_s[i]) - env.now
             if delay > 0:
                 yield env.timeout(delay)
-            self._issue(self._request(i))
+            self._issue(self.request(i))
 
     def _refreshes(self, fleet: Fleet) -> Iterator[simpy.Event]:
         """New snapshots for routers every `router_refresh_s` while requests remain."""
@@ -133,7 +152,7 @@ class Workload:
         timeline.wake()
         if fleet.chooser is not None:
             req.comp = fleet.chooser.choose(req)
-        if self._never_fits(req):
+        if self.never_fits(req):
             # like a prompt beyond max_model_len: it can never fit, so it is refused at once
             self.log.rejected[req.index] = True
             req.arrival_s = self.env.now
@@ -142,7 +161,7 @@ class Workload:
             return
         fleet.cluster.route(req)
 
-    def _never_fits(self, req: Request) -> bool:
+    def never_fits(self, req: Request) -> bool:
         """Beyond the model's context, or more blocks than a replica has at its peak."""
         run = self.run
         total = req.input_tokens + req.output_tokens

@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from types import TracebackType
@@ -74,33 +74,42 @@ def default_jobs() -> int:
 
 
 def open_executor(
-    kind: str = "local", *, jobs: int | None = None, ray_address: str | None = None
+    kind: str = "local",
+    *,
+    jobs: int | None = None,
+    ray_address: str | None = None,
+    call: Callable[[Any], Any] = run_task,
 ) -> Executor:
-    """An executor by name ('local' or 'ray'); `jobs` defaults to the CPU count."""
+    """An executor by name ('local' or 'ray'); `jobs` defaults to the CPU count. `call` is what
+    each task runs through (a module-level function, so it can be pickled): a sweep's
+    `run_task`, or a sharded run's window (kvsim.shard). It must return its errors as values;
+    a Ray worker that dies yields `call.failed(task, message)` when `call` has one, else a
+    `TaskResult` with the error."""
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise SweepError(f"jobs (-j): expected a positive integer, got {jobs!r}")
     jobs = jobs or default_jobs()
     if kind == "local":
         if ray_address is not None:
             raise SweepError("--ray-address: only with --executor ray")
-        return LocalExecutor(jobs)
+        return LocalExecutor(jobs, call)
     if kind == "ray":
-        return RayExecutor(jobs, ray_address)
+        return RayExecutor(jobs, ray_address, call)
     raise SweepError(f"executor: expected one of {', '.join(EXECUTORS)}, got {kind!r}")
 
 
 class LocalExecutor(Executor):
     """This process for one job, else a pool of `jobs` spawned processes (started lazily)."""
 
-    def __init__(self, jobs: int) -> None:
+    def __init__(self, jobs: int, call: Callable[[Any], Any] = run_task) -> None:
         self.jobs = jobs
+        self.call = call
         self._pool: ProcessPoolExecutor | None = None
         self._handlers: dict[int, Any] = {}  # signal -> the handler before ours
 
     def run(self, tasks: Sequence[Task]) -> Iterator[TaskResult]:
         if self.jobs == 1:
             for task in tasks:
-                yield run_task(task)
+                yield self.call(task)
             return
         if self._pool is None:
             context = multiprocessing.get_context("spawn")
@@ -111,7 +120,7 @@ class LocalExecutor(Executor):
                 initargs=(os.getpid(),),
             )
             self._catch_signals()
-        pending = {self._pool.submit(run_task, task) for task in tasks}
+        pending = {self._pool.submit(self.call, task) for task in tasks}
         try:
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -181,7 +190,9 @@ class LocalExecutor(Executor):
 class RayExecutor(Executor):
     """Ray tasks of one CPU each; a local Ray of `jobs` CPUs unless `address` names a cluster."""
 
-    def __init__(self, jobs: int, address: str | None = None) -> None:
+    def __init__(
+        self, jobs: int, address: str | None = None, call: Callable[[Any], Any] = run_task
+    ) -> None:
         try:
             import ray
         except ImportError:
@@ -207,7 +218,8 @@ class RayExecutor(Executor):
                 where = f"the Ray cluster at {address}" if address else "a local Ray"
                 raise SweepError(f"cannot start {where}: {one_line(str(exc))}") from None
             self._started = True
-        self._remote: Any = ray.remote(num_cpus=1)(run_task)
+        self.call = call
+        self._remote: Any = ray.remote(num_cpus=1)(call)
 
     def run(self, tasks: Sequence[Task]) -> Iterator[TaskResult]:
         ray = self._ray
@@ -221,6 +233,10 @@ class RayExecutor(Executor):
                     try:
                         yield ray.get(ref)
                     except ray.exceptions.RayError as exc:  # the worker died, not the run
+                        failed = getattr(self.call, "failed", None)
+                        if failed is not None:
+                            yield failed(task, one_line(f"Ray worker failed: {exc}")[:500])
+                            continue
                         yield TaskResult(
                             index=task.index,
                             id=task.id,

@@ -1,0 +1,168 @@
+"""Cache-only warm-up: the requests before a window fill every tier, with no timing.
+
+Before a sharded window's timed engine starts, the requests that arrived earlier are replayed
+through the fleet's own KV-cache managers, pools and tier hierarchies, one at a time and at
+their arrival times, each served in an instant (`serve_instantly`: the `kvsim mrc` prefix
+replay's steps, plus loads from the tiers below and the reply's blocks): no batching, no
+iteration costs, no queueing. HBM evictions still go down the tiers' links, so write-backs land
+in the order the links deliver them. The router still decides where each request goes, seeing
+the live caches; a router that reads load sees an estimate (`WarmView`): each request stays
+running on its replica for its unloaded service time (its uncached prefill, then its reply at a
+batch-1 decode step), since nothing queues in an instant replay. A session's next turn is
+prefetched towards HBM before its (nominal) arrival, as the engine does while a session thinks.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import simpy
+
+from kvsim.costmodel import CostModel
+from kvsim.engine.assemble import Fleet
+from kvsim.engine.cluster import LiveView
+from kvsim.engine.workload import Workload
+from kvsim.kvcache.manager import KVCacheManager
+from kvsim.kvcache.request import Request
+from kvsim.routers import ReplicaLoad
+
+#: a budget no prompt reaches: the instant replay admits a prompt whole
+WHOLE = 1 << 62
+#: decode steps are priced at contexts rounded to this many tokens (a memo key)
+CONTEXT_STEP = 256
+
+
+def serve_instantly(kv: KVCacheManager, req: Request, now_s: float) -> int:
+    """Serve `req` in one instant: pin its cached prefix, load what the tiers below hold, give
+    it blocks for the rest of its prompt and its reply, offer its full blocks to the prefix
+    cache and release them deepest first. Returns its HBM prefix hit in blocks, or -1 when it
+    needs more blocks than the pool has (an engine refuses it; the caches are left alone)."""
+    plan = kv.lookup(req, WHOLE)
+    hit, _, load, _, need = plan
+    if hit + need > kv.pool.num_blocks:
+        return -1
+    kv.admit(req, plan, now_s, True)
+    if load:  # the blocks arrive in no time; the tiers below unpin them when the links finish
+        kv.loaded(req, hit + len(load), now_s)
+    total = req.input_tokens + req.output_tokens
+    if total > req.known:
+        req.known = total
+        extra = -(-total // kv.block_size) - req.table.held_blocks - req.table.reserved
+        kv.allocate_slots(req, extra)  # when the pool cannot give them, the reply is not kept
+        if kv.block_size * (req.table.held_blocks + req.table.reserved) < total:
+            req.known = req.input_tokens
+    req.computed = req.known
+    kv.commit(req, now_s)
+    req.hint = req.reply_hint
+    kv.free(req, now_s)
+    req.table.drop_chain()
+    return hit
+
+
+class WarmView(LiveView):
+    """The live caches, and each replica's load as the requests replayed on it would make it
+    if each ran alone for its unloaded service time."""
+
+    def __init__(self, fleet: Fleet, cost: CostModel, chunk: int) -> None:
+        super().__init__(fleet.view)
+        self.cost = cost
+        self.chunk = chunk
+        self.block_size = fleet.replicas[0].block_size
+        self.capacity = [r.kv.pool.num_blocks for r in fleet.replicas]
+        self.pending: list[list[tuple[float, int, int]]] = [[] for _ in fleet.replicas]
+        self.running: list[list[tuple[float, int]]] = [[] for _ in fleet.replicas]
+        self.blocks = [0] * len(fleet.replicas)
+        self._steps: dict[int, float] = {}
+
+    def placed(self, replica: int, req: Request, hit_blocks: int) -> None:
+        """`req` was replayed on `replica` now; its service time is priced only if a router
+        asks for loads (`loads`)."""
+        uncached = max(req.input_tokens - hit_blocks * self.block_size, 0)
+        self.pending[replica].append((self.now_s, req.input_tokens, uncached))
+        self.pending[replica].append((0.0, req.output_tokens, -1))
+
+    @property
+    def loads(self) -> Sequence[ReplicaLoad]:
+        now = self.now_s
+        out = []
+        for load in super().loads:
+            i = load.index
+            self._price(i)
+            heap = self.running[i]
+            while heap and heap[0][0] <= now:
+                self.blocks[i] -= heapq.heappop(heap)[1]
+            out.append(
+                ReplicaLoad(
+                    index=i,
+                    node=load.node,
+                    role=load.role,
+                    waiting=0,
+                    running=len(heap),
+                    prefill_tokens=0,
+                    decode_blocks=self.blocks[i],
+                    kv_usage=min(self.blocks[i] / self.capacity[i], 1.0),
+                    capacity_blocks=self.capacity[i],
+                )
+            )
+        return out
+
+    def _price(self, replica: int) -> None:
+        pending = self.pending[replica]
+        if not pending:
+            return
+        cost, bs = self.cost, self.block_size
+        for k in range(0, len(pending), 2):
+            at, prompt, uncached = pending[k]
+            output = pending[k + 1][1]
+            context = prompt - uncached
+            seconds = cost.prefill_time_s(uncached, context, self.chunk) if uncached else 0.0
+            seconds += output * self._step_s(prompt + output // 2)
+            blocks = -(-(prompt + output) // bs)
+            heapq.heappush(self.running[replica], (at + seconds, blocks))
+            self.blocks[replica] += blocks
+        pending.clear()
+
+    def _step_s(self, context: int) -> float:
+        key = context // CONTEXT_STEP
+        seconds = self._steps.get(key)
+        if seconds is None:
+            seconds = self._steps[key] = self.cost.iteration_time_s([], [key * CONTEXT_STEP])
+        return seconds
+
+
+def warm_up(
+    env: simpy.Environment, workload: Workload, fleet: Fleet, rows: np.ndarray
+) -> Iterator[simpy.Event]:
+    """A SimPy process: replay `rows` of the trace (in arrival order) into the fleet's caches,
+    each at its arrival time, routed as the run's router would and served in an instant."""
+    source = workload.source
+    cluster = fleet.cluster
+    config = workload.run.config
+    view = WarmView(fleet, fleet.parts.cost, config.max_num_batched_tokens)
+    arrival = source.arrival_s
+    follows = workload.every_follow
+    prefetch = config.prefetch and fleet.replicas[0].kv.hierarchy is not None
+    order = rows[np.argsort(arrival[rows], kind="stable")]
+    for i in order.tolist():
+        delay = float(arrival[i]) - env.now
+        if delay > 0:
+            yield env.timeout(delay)
+        req = workload.request(i)
+        if workload.never_fits(req):
+            workload.live.pop(i, None)
+            continue
+        target = cluster.warm_choice(req, view)
+        replica = fleet.replicas[target]
+        hit = serve_instantly(replica.kv, req, env.now)
+        workload.live.pop(i, None)
+        if hit < 0:
+            continue
+        view.placed(target, req, hit)
+        nxt = follows.get(i)
+        if nxt is not None and prefetch:  # as the engine does while the session thinks
+            lead = max(float(arrival[nxt]) - config.prefetch_lead_s - env.now, 0.0)
+            turn = Request(nxt, int(source.input_tokens[nxt]), int(source.output_tokens[nxt]))
+            turn.hint = source.hints.at(nxt, replied=False)
+            env.timeout(lead).callbacks.append(lambda _ev, r=replica, t=turn: r.prefetch(t))

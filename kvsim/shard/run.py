@@ -1,0 +1,209 @@
+"""`kvsim run --shards N`: one run split into consecutive time windows, simulated in parallel.
+
+Each window (kvsim.shard.windows) runs in its own worker (a local process pool or Ray, the
+executors `kvsim sweep` uses): the worker loads the trace up to the window's end, replays the
+requests before the window's timed start cache-only to rebuild every tier's contents
+(kvsim.engine.warmup), runs the timed engine from ``--warmup`` seconds before the window (so
+queues and batches form again), counts the requests that arrive in the window and follows them
+until they finish (kvsim.engine.window). The windows' results are merged (kvsim.shard.merge)
+into the files and summary keys of an unsharded run, with ``shards``, ``warmup_s`` and
+``sharding`` (what was approximated) added. One shard is the unsharded run, bit for bit.
+
+What this approximates, and `benchmarks/bench_shards.py` measures: the requests before a window
+reach the caches in arrival order, one at a time and in no time, so their effect on the caches
+is exact only when requests do not overlap; queues, batches and in-flight transfers at the
+window's start are rebuilt only by the warm-up's timed seconds; a closed-loop turn whose earlier
+turn fell before the timed start arrives at its nominal trace time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvsim.config import RunConfig
+from kvsim.engine.simulation import ProgressFn, run_window
+from kvsim.engine.window import Window, WindowResult
+from kvsim.errors import ConfigError, KvsimError
+from kvsim.resolve import ResolvedRun, resolve
+from kvsim.shard.merge import merge
+from kvsim.shard.windows import check_sharding, windows
+from kvsim.traces import Trace, load_trace
+
+#: what the summary says of a sharded run
+APPROXIMATION = (
+    "approximate: the trace ran as {shards} time windows in parallel, each after a cache-only "
+    "replay of the requests before it and {warmup_s:g} s of timed warm-up; a request counts in "
+    "the window where it arrives (kvsim.shard; errors measured in docs/sharding.md)"
+)
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How a run is split: `shards` windows, `warmup_s` timed seconds before each, run by the
+    `executor` ('local' processes or 'ray', at `ray_address`) on `jobs` workers (default: one
+    per shard, at most one per CPU)."""
+
+    shards: int = 1
+    warmup_s: float = 0.0
+    executor: str = "local"
+    ray_address: str | None = None
+    jobs: int | None = None
+
+
+@dataclass(frozen=True)
+class WindowTask:
+    """One window to run; picklable, so it travels to a pool or Ray worker."""
+
+    index: int
+    config: RunConfig  # resolved
+    window: Window
+
+
+@dataclass
+class WindowOutcome:
+    """What a worker sends back: the window's result or its one-line error, and measurements."""
+
+    index: int
+    result: WindowResult | None
+    error: str | None
+    run_s: float
+    peak_rss_bytes: int | None
+    worker: str
+
+
+def run_window_task(task: WindowTask) -> WindowOutcome:
+    """Run one window in this process; any exception becomes its one-line error."""
+    from kvsim.sweep.worker import _reset_peak_rss, cached_trace, one_line, peak_rss_bytes
+
+    _reset_peak_rss()
+    start = time.perf_counter()
+    result, error = None, None
+    try:
+        resolved = resolve(task.config)
+        result = run_resolved_window(resolved, cached_trace(task.config), task.window)
+    except KvsimError as exc:
+        error = one_line(str(exc))
+    except Exception as exc:  # a bug in kvsim or a plugin
+        error = one_line(f"{type(exc).__name__}: {exc}")
+    return WindowOutcome(
+        task.index,
+        result,
+        error,
+        time.perf_counter() - start,
+        peak_rss_bytes(),
+        f"{socket.gethostname()}:{os.getpid()}",
+    )
+
+
+def _window_failed(task: WindowTask, message: str) -> WindowOutcome:
+    return WindowOutcome(task.index, None, message, math.nan, None, "ray")
+
+
+run_window_task.failed = _window_failed  # type: ignore[attr-defined]
+
+
+def window_rows(trace: Trace, window: Window) -> np.ndarray:
+    """The rows of `trace` a window's engine is given: every request arriving before its end."""
+    arrival = trace.table.column("arrival_s").to_numpy()
+    return np.flatnonzero(arrival < window.end_s)
+
+
+def run_resolved_window(
+    resolved: ResolvedRun, trace: Trace, window: Window, progress: ProgressFn | None = None
+) -> WindowResult:
+    """One window of `trace` under a resolved config (in this process)."""
+    if not window.whole:
+        rows = window_rows(trace, window)
+        if rows.size < trace.table.num_rows:
+            trace = dataclasses.replace(trace, table=trace.table.take(rows))
+    return run_window(trace, resolved.engine, window, progress)
+
+
+def check_shardable(resolved: ResolvedRun, sharding: Sharding) -> None:
+    """Sharding's own settings, and the runs it cannot split (one line, before anything runs)."""
+    check_sharding(sharding.shards, sharding.warmup_s)
+    if sharding.shards == 1:
+        return
+    engine = resolved.engine
+    if engine.pd_split is not None:
+        raise ConfigError(
+            "--shards: prefill/decode disaggregation (--pd) cannot be sharded yet (the "
+            "cache-only warm-up has no hand-off); run it unsharded"
+        )
+    if not engine.compression.identity:
+        raise ConfigError(
+            "--shards: runs with KV compression cannot be sharded yet (the cache-only warm-up "
+            "does not compact KV as decoding does); run it unsharded or with --compression none"
+        )
+
+
+def run_sharded(
+    resolved: ResolvedRun,
+    sharding: Sharding,
+    *,
+    trace: Trace | None = None,
+    progress: ProgressFn | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """Run `resolved` as `sharding` says; returns (the merged RunResult, sharding figures for
+    the summary: shards, warmup_s, sharding, shard_wall_s, shard_peak_rss_bytes)."""
+    from kvsim.run import trace_options
+    from kvsim.sweep.executors import open_executor
+
+    check_shardable(resolved, sharding)
+    config = resolved.config
+    if trace is None:
+        trace = load_trace(config.trace, **trace_options(config))
+    arrival = trace.table.column("arrival_s").to_numpy()
+    cut = windows(arrival, sharding.shards, sharding.warmup_s, config.trace)
+    wall = time.perf_counter()
+    if sharding.shards == 1:
+        outcomes = [_here(resolved, trace, cut[0], progress)]
+    else:
+        jobs = sharding.jobs or min(sharding.shards, os.cpu_count() or 1)
+        tasks = [WindowTask(k, config, w) for k, w in enumerate(cut)]
+        outcomes = [WindowOutcome(k, None, "not run", math.nan, None, "") for k in range(len(cut))]
+        with open_executor(
+            sharding.executor, jobs=jobs, ray_address=sharding.ray_address, call=run_window_task
+        ) as executor:
+            for done, outcome in enumerate(executor.run(tasks), 1):
+                if outcome.error is not None:
+                    raise ShardError(f"shard {outcome.index + 1} of {len(cut)}: {outcome.error}")
+                outcomes[outcome.index] = outcome
+                if progress is not None:
+                    progress(done, len(cut))
+    parts = [o.result for o in outcomes]
+    assert all(p is not None for p in parts)
+    rows = [window_rows(trace, w) if not w.whole else np.arange(len(arrival)) for w in cut]
+    result = merge(parts, rows)  # type: ignore[arg-type]
+    result.wall_s = time.perf_counter() - wall
+    figures: dict[str, Any] = {
+        "shards": sharding.shards,
+        "warmup_s": float(sharding.warmup_s),
+    }
+    if sharding.shards > 1:
+        figures["sharding"] = APPROXIMATION.format(
+            shards=sharding.shards, warmup_s=sharding.warmup_s
+        )
+        figures["shard_wall_s"] = [o.run_s for o in outcomes]
+        figures["shard_peak_rss_bytes"] = [o.peak_rss_bytes for o in outcomes]
+    return result, figures
+
+
+def _here(
+    resolved: ResolvedRun, trace: Trace, window: Window, progress: ProgressFn | None
+) -> WindowOutcome:
+    start = time.perf_counter()
+    result = run_resolved_window(resolved, trace, window, progress)
+    return WindowOutcome(0, result, None, time.perf_counter() - start, None, "")
+
+
+class ShardError(KvsimError):
+    """A window that failed: the run has no result (nothing is written)."""
