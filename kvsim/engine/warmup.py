@@ -4,12 +4,13 @@ Before a sharded window's timed engine starts, the requests that arrived earlier
 through the fleet's own KV-cache managers, pools and tier hierarchies, one at a time and at
 their arrival times, each served in an instant (`serve_instantly`: the `kvsim mrc` prefix
 replay's steps, plus loads from the tiers below and the reply's blocks): no batching, no
-iteration costs, no queueing. HBM evictions still go down the tiers' links, so write-backs land
-in the order the links deliver them. The router still decides where each request goes, seeing
-the live caches; a router that reads load sees an estimate (`WarmView`): each request stays
-running on its replica for its unloaded service time (its uncached prefill, then its reply at a
-batch-1 decode step), since nothing queues in an instant replay. A session's next turn is
-prefetched towards HBM before its (nominal) arrival, as the engine does while a session thinks.
+iteration costs, no queueing, and moves between tiers take no time (a write lands as it
+starts, as it nearly does in the engine, where an iteration outlasts one block's write). The
+router still decides where each request goes, seeing the live caches; a router that reads load
+sees an estimate (`WarmView`): each request stays running on its replica for its unloaded
+service time (its uncached prefill, then its reply at a batch-1 decode step), since nothing
+queues in an instant replay. A session's next turn is prefetched towards HBM before its
+(nominal) arrival, as the engine does while a session thinks.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def serve_instantly(kv: KVCacheManager, req: Request, now_s: float) -> int:
     kv.admit(req, plan, now_s, True)
     if load:  # the blocks arrive in no time; the tiers below unpin them when the links finish
         kv.loaded(req, hit + len(load), now_s)
-    total = req.input_tokens + req.output_tokens
+    # the engine never computes the KV of the last token it samples
+    total = req.input_tokens + max(req.output_tokens - 1, 0)
     if total > req.known:
         req.known = total
         extra = -(-total // kv.block_size) - req.table.held_blocks - req.table.reserved
@@ -137,14 +139,32 @@ def warm_up(
 ) -> Iterator[simpy.Event]:
     """A SimPy process: replay `rows` of the trace (in arrival order) into the fleet's caches,
     each at its arrival time, routed as the run's router would and served in an instant."""
-    source = workload.source
-    cluster = fleet.cluster
     config = workload.run.config
     view = WarmView(fleet, fleet.parts.cost, config.max_num_batched_tokens)
-    arrival = source.arrival_s
+    arrival = workload.source.arrival_s
     follows = workload.every_follow
     prefetch = config.prefetch and fleet.replicas[0].kv.hierarchy is not None
     order = rows[np.argsort(arrival[rows], kind="stable")]
+    hierarchies = [r.kv.hierarchy for r in fleet.replicas if r.kv.hierarchy is not None]
+    for hierarchy in hierarchies:
+        hierarchy.instant = True
+    yield from _replay(env, workload, fleet, view, order, follows, prefetch)
+    for hierarchy in hierarchies:
+        hierarchy.instant = False
+
+
+def _replay(
+    env: simpy.Environment,
+    workload: Workload,
+    fleet: Fleet,
+    view: WarmView,
+    order: np.ndarray,
+    follows: dict[int, int],
+    prefetch: bool,
+) -> Iterator[simpy.Event]:
+    source, cluster = workload.source, fleet.cluster
+    config = workload.run.config
+    arrival = source.arrival_s
     for i in order.tolist():
         delay = float(arrival[i]) - env.now
         if delay > 0:

@@ -1,10 +1,11 @@
 """One time window of a sharded run (kvsim.shard): what it simulates, what it counts.
 
-A window's engine is given the trace up to the window's end. Requests that arrive before
-``timed_from_s`` (the window's start less its warm-up) only warm the caches, replayed without
-timing (kvsim.engine.warmup); those arriving from ``timed_from_s`` on run in the timed engine,
-and of those, the ones arriving from ``start_s`` on are counted (a request counts in the one
-window where it arrives, and is followed until it finishes, past the window's end). The fleet's
+A window's engine is given the trace up to the window's end plus its warm-up (the next
+window's warm-up, served but not counted). Requests that arrive before ``timed_from_s`` (the
+window's start less its warm-up) only warm the caches, replayed without timing
+(kvsim.engine.warmup); the rest run in the timed engine, and of those, the ones arriving in
+[``start_s``, ``end_s``) are counted (a request counts in the one window where it arrives, and
+is followed until it finishes, past the window's end). The fleet's
 counters (iterations, busy time, tier and link traffic, the timeline) are counted over
 [``start_s``, ``end_s``): consecutive windows partition the clock, so sums over them add up.
 """
@@ -32,7 +33,10 @@ TIER_LEVELS = frozenset({"capacity_blocks", "resident_blocks", "peak_resident_bl
 
 @dataclass(frozen=True)
 class Window:
-    """Arrivals in [start_s, end_s) are counted; the engine is timed from start_s - warmup_s."""
+    """Arrivals in [start_s, end_s) are counted; the engine is timed from start_s - warmup_s
+    and also serves, uncounted, the arrivals up to end_s + warmup_s (the next window's
+    warm-up): those keep the load after end_s, and the router's sequence, as in one run (a
+    closed-loop turn can arrive well before its nominal trace time)."""
 
     start_s: float
     end_s: float
@@ -41,6 +45,10 @@ class Window:
     @property
     def timed_from_s(self) -> float:
         return self.start_s - self.warmup_s
+
+    @property
+    def served_until_s(self) -> float:
+        return self.end_s + self.warmup_s
 
     @property
     def whole(self) -> bool:
@@ -100,7 +108,7 @@ class WindowMeter:
     def restrict(self, result: RunResult, arrival_s: np.ndarray) -> WindowResult:
         """`result` cut down to the window: its counted requests, its counters, its timeline."""
         window = self.window
-        counted = arrival_s >= window.start_s
+        counted = (arrival_s >= window.start_s) & (arrival_s < window.end_s)
         rows = np.flatnonzero(counted)
         requests = result.requests.take(pa.array(rows))
         finish = requests.column("finish_s").to_numpy(zero_copy_only=False)

@@ -147,6 +147,9 @@ class Hierarchy:
                 assert tier.where is self.shared_where, "shared tiers share one placement map"
         self.info = BlockInfo(size_bytes=block_bytes)
         self._held: list[int] | None = None  # write-backs collected by hold_writes
+        # moves take no time (a sharded window's cache-only warm-up, kvsim.engine.warmup):
+        # writes land at once, loads end in the same instant
+        self.instant = False
         # bumped whenever the placement map changes: a queued request re-looked-up before
         # anything moved gets its last `chain` again instead of a walk (node-local tiers only)
         self.version = 0
@@ -233,9 +236,12 @@ class Hierarchy:
             tier.stats.loaded_out += len(group)
             nbytes = len(group) * self.block_bytes
             pieces = len(group) * tier.pieces_per_block
-            done = tier.link.transfer(nbytes, pieces=pieces, source=self.source)
-            if tier.bounce is not None:
-                done = self._then(done, tier.bounce, nbytes, pieces)
+            if self.instant:
+                done = self.env.event().succeed()
+            else:
+                done = tier.link.transfer(nbytes, pieces=pieces, source=self.source)
+                if tier.bounce is not None:
+                    done = self._then(done, tier.bounce, nbytes, pieces)
             done.callbacks.append(lambda _ev, tier=tier, group=group: self._loaded(tier, group))
             events.append(done)
         return simpy.AllOf(self.env, events)
@@ -390,6 +396,9 @@ class Hierarchy:
             tier.where.update(dict.fromkeys(keys, ~tier.index))  # type: ignore[union-attr]
         else:
             self.where.write(keys, tier.index)
+        if self.instant:
+            self._landed(tier, keys)
+            return
         done = tier.link.transfer(
             len(keys) * self.block_bytes,
             write=True,

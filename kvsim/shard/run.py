@@ -34,6 +34,7 @@ from kvsim.engine.window import Window, WindowResult
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.resolve import ResolvedRun, resolve
 from kvsim.shard.merge import merge
+from kvsim.shard.retime import retimed
 from kvsim.shard.windows import check_sharding, windows
 from kvsim.traces import Trace, load_trace
 
@@ -88,7 +89,8 @@ def run_window_task(task: WindowTask) -> WindowOutcome:
     result, error = None, None
     try:
         resolved = resolve(task.config)
-        result = run_resolved_window(resolved, cached_trace(task.config), task.window)
+        trace = retimed_trace(resolved, cached_trace(task.config))
+        result = run_resolved_window(resolved, trace, task.window)
     except KvsimError as exc:
         error = one_line(str(exc))
     except Exception as exc:  # a bug in kvsim or a plugin
@@ -110,10 +112,28 @@ def _window_failed(task: WindowTask, message: str) -> WindowOutcome:
 run_window_task.failed = _window_failed  # type: ignore[attr-defined]
 
 
+def retimed_trace(resolved: ResolvedRun, trace: Trace) -> Trace:
+    """`trace` with closed-loop turns re-timed by this run's cost model (kvsim.shard.retime);
+    a worker re-times the trace it loads just as the caller did, so both cut it alike."""
+    from kvsim.costmodel import make_cost_model
+
+    config = resolved.engine.config
+    cost = make_cost_model(
+        resolved.model,
+        resolved.profile,
+        tp=config.tp,
+        kv_dtype=config.kv_dtype,
+        weight_dtype=config.weight_dtype,
+        engine=resolved.engine.engine,
+    )
+    return retimed(trace, cost, config.max_num_batched_tokens)
+
+
 def window_rows(trace: Trace, window: Window) -> np.ndarray:
-    """The rows of `trace` a window's engine is given: every request arriving before its end."""
+    """The rows of `trace` a window's engine is given: every request arriving before its end
+    plus its warm-up."""
     arrival = trace.table.column("arrival_s").to_numpy()
-    return np.flatnonzero(arrival < window.end_s)
+    return np.flatnonzero(arrival < window.served_until_s)
 
 
 def run_resolved_window(
@@ -161,6 +181,8 @@ def run_sharded(
     config = resolved.config
     if trace is None:
         trace = load_trace(config.trace, **trace_options(config))
+    if sharding.shards > 1:
+        trace = retimed_trace(resolved, trace)
     arrival = trace.table.column("arrival_s").to_numpy()
     cut = windows(arrival, sharding.shards, sharding.warmup_s, config.trace)
     wall = time.perf_counter()

@@ -1,0 +1,114 @@
+"""The cache-only warm-up rebuilds what the timed engine holds in every tier.
+
+When requests do not overlap in time (each finishes long before the next arrives), the
+timed engine and the instant replay (kvsim.engine.warmup) make the same cache decisions, so at
+a window's start every replica's HBM and every lower tier must hold the same blocks, whatever
+the trace. Hypothesis draws the traces: shared and private prefixes, replies, several replicas,
+an HBM and a DRAM small enough to evict.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import simpy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvsim.engine import EngineConfig
+from kvsim.engine.assemble import RunParts, assemble
+from kvsim.engine.resolve import resolve_engine
+from kvsim.engine.trace_view import TraceRequests
+from kvsim.engine.warmup import warm_up
+from kvsim.engine.workload import Workload
+from kvsim.hardware import load_profile
+from kvsim.metrics.requests import RequestLog
+from kvsim.metrics.timeline import Timeline
+from kvsim.models import load_model
+from tests.helpers import Req, make_trace
+
+GAP_S = 60.0  # far longer than any request here takes: nothing overlaps
+
+
+def _contents(fleet) -> list[dict[str, frozenset[int]]]:
+    """Per replica: the blocks HBM caches and each lower tier holds."""
+    out = []
+    for replica in fleet.replicas:
+        kv = replica.kv
+        tiers = {"hbm": frozenset(kv.pool.refs)}
+        where = kv.hierarchy.where.as_dict()
+        for tier in kv.hierarchy.tiers:
+            assert tier.incoming == 0, "a write still in flight: the gap is too short"
+            tiers[tier.name] = frozenset(k for k, t in where.items() if t == tier.index)
+        out.append(tiers)
+    return out
+
+
+def _state_at(trace, run, at_s: float, warm: bool) -> list[dict[str, frozenset[int]]]:
+    """Tier contents at `at_s`: from the timed engine, or (`warm`) from the instant replay of
+    the requests before `at_s` followed by the timed engine."""
+    env = simpy.Environment()
+    source = TraceRequests(trace, run.config.block_size)
+    timed = source.arrival_s >= at_s if warm else None
+    workload = Workload(env, source, run, RequestLog(source.n, 1), None, timed)
+    fleet = assemble(RunParts.build(env, run, source), workload.finished)
+    timeline = Timeline(env, fleet.replicas, 3600.0, lambda: workload.completed)
+    if warm:
+        assert timed is not None
+        env.process(warm_up(env, workload, fleet, np.flatnonzero(~timed)))
+    workload.start(fleet, timeline, from_s=at_s if warm else 0.0)
+    seen: list = []
+
+    def probe():
+        yield env.timeout(at_s)
+        seen.append(_contents(fleet))
+
+    env.process(probe())
+    env.run()
+    return seen[0]
+
+
+def _run(replicas: int, hbm_blocks: int, dram_blocks: int):
+    model = load_model("llama-3.2-1b")
+    profile = load_profile("h100-sxm")
+    base = resolve_engine(EngineConfig(num_gpu_blocks=hbm_blocks), model, profile)
+    tier_bytes = base.block_bytes * base.config.tp * dram_blocks
+    config = EngineConfig(
+        num_gpu_blocks=hbm_blocks,
+        replicas=replicas,
+        tiers="hbm,dram",
+        tier_capacity=f"dram={tier_bytes}B",
+        prefetch=False,
+    )
+    return resolve_engine(config, model, profile)
+
+
+request = st.tuples(
+    st.integers(0, 5),  # which shared prefix (a system prompt, a document)
+    st.integers(1, 6),  # its length in blocks
+    st.integers(0, 40),  # private prompt tokens after it
+    st.integers(1, 40),  # reply tokens
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    reqs=st.lists(request, min_size=4, max_size=24),
+    replicas=st.integers(1, 3),
+    hbm=st.integers(12, 30),
+    dram=st.integers(4, 40),
+    cut=st.floats(0.25, 0.9),
+)
+def test_warm_up_rebuilds_every_tier(reqs, replicas, hbm, dram, cut) -> None:
+    rows = [
+        Req(
+            segments=[(1000 + p, 16 * blocks), *([(5000 + i, own)] if own else [])],
+            output_tokens=out,
+            arrival_s=GAP_S * i,
+            output_hash=9000 + i,
+        )
+        for i, (p, blocks, own, out) in enumerate(reqs)
+    ]
+    trace = make_trace(rows)
+    run = _run(replicas, hbm, dram)
+    at_s = GAP_S * int(len(rows) * cut) - 1.0
+    assert _state_at(trace, run, at_s, warm=True) == _state_at(trace, run, at_s, warm=False)
