@@ -124,7 +124,7 @@ def run_resolved(
     sharding: Sharding | None = None,
 ) -> RunOutcome:
     """`run` for a config `kvsim.resolve.resolve` has already checked."""
-    config, model, engine = resolved.config, resolved.model, resolved.engine
+    config, engine = resolved.config, resolved.engine
     if sharding is not None:
         check_shardable(resolved, sharding)
     if trace is None:
@@ -134,6 +134,14 @@ def run_resolved(
         result = run_engine(trace, engine, progress=progress)
     else:
         result, figures = run_sharded(resolved, sharding, trace=trace, progress=progress)
+    return outcome_of(resolved, trace, result, figures)
+
+
+def outcome_of(
+    resolved: ResolvedRun, trace: Trace, result: RunResult, figures: dict[str, Any] | None = None
+) -> RunOutcome:
+    """A finished run's summary (`figures`: a sharded run's own, kvsim.shard)."""
+    config, model, engine = resolved.config, resolved.model, resolved.engine
     summary: dict[str, Any] = {
         "trace": config.trace,
         "skipped_rows": trace.skipped_rows,
@@ -149,7 +157,7 @@ def run_resolved(
     summary["run_warnings"] = run_warnings(
         summary, result, config.engine, max_context=model.max_context_tokens
     )
-    summary.update(figures)
+    summary.update(figures or {})
     return RunOutcome(config, result, summary)
 
 

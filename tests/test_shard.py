@@ -4,6 +4,7 @@ once, keep the unsharded files and keys, say they approximate; bad input is one 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import sys
 
@@ -207,10 +208,72 @@ def test_closed_loop_turns_are_retimed_by_the_runs_own_model() -> None:
     trace = make_trace(rows)
     cost = make_cost_model(load_model("llama-3.2-1b"), load_profile("h100-sxm"))
     table = retimed(trace, cost, 8192).table
-    at = dict(zip(table.column("request_id").to_pylist(), table.column("arrival_s").to_pylist()))
+    ids, times = table.column("request_id").to_pylist(), table.column("arrival_s").to_pylist()
+    at = dict(zip(ids, times, strict=True))
     new = [at[i] for i in range(4)]
     service = service_s(cost, np.array([64, 94]), np.array([50, 20]), 8192)
     assert new[0] == 5.0 and new[2] == 7.0  # open-loop rows keep their times
     assert new[1] == pytest.approx(5.0 + service[0] + 3.0)
     assert new[3] == pytest.approx(new[1] + service[1] + 1.0)
     assert service[0] > 49 * cost.iteration_time_s([], [64])  # a step per further reply token
+
+
+def _plan(runner):
+    from kvsim.plan import PlanSettings, parse_rates, resolve_rates, run_plan
+
+    base = RunConfig(trace="mooncake-conversation", max_requests=60)
+    settings = PlanSettings(
+        base, 12.0, 0.25, routers=("round-robin",), max_replicas=8, search_tiers=("dram",)
+    )
+    return run_plan(settings, resolve_rates(parse_rates("1x"), 1.0), runner)
+
+
+def test_a_plan_of_one_shard_runs_is_the_unsharded_plan() -> None:
+    from kvsim.plan import plan_json
+    from kvsim.plan.runner import ShardedRunner, serial_runner
+
+    with ShardedRunner(Sharding(1), "local", jobs=1) as runner:
+        sharded = json.loads(plan_json(_plan(runner)))
+    plain = json.loads(plan_json(_plan(serial_runner)))
+    assert _no_wall(sharded) == _no_wall(plain)
+
+
+def _no_wall(value):
+    """`value` without its wall-clock times (they measure this machine)."""
+    if isinstance(value, dict):
+        return {k: _no_wall(v) for k, v in value.items() if k != "wall_s"}
+    if isinstance(value, list):
+        return [_no_wall(v) for v in value]
+    return value
+
+
+def test_plan_shards_on_the_command_line(capsys) -> None:
+    code, out, err = in_process(
+        capsys,
+        "plan",
+        "--trace",
+        "mooncake-conversation",
+        "--max-requests",
+        "60",
+        "--rates",
+        "1x",
+        "--slo-ttft-p99",
+        "12",
+        "--slo-tpot-p99",
+        "0.25",
+        "--routers",
+        "round-robin",
+        "--shards",
+        "2",
+        "--warmup",
+        "20",
+        "-j",
+        "1",
+        "--json",
+    )
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["frontier"]
+    bad = ["plan", "--trace", "x", "--rates", "1x", "--slo-ttft-p99", "1", "--slo-tpot-p99", "1"]
+    code, _, err = in_process(capsys, *bad, "--shards", "0")
+    assert code == 2 and "--shards" in err

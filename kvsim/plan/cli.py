@@ -77,6 +77,20 @@ class PlanFolder(AtomicFolder):
 )
 @click.option("-j", "--jobs", type=int, help="Parallel runs (local, ray). [default: CPU count]")
 @click.option("--ray-address", help="Join this Ray cluster (with --executor ray).")
+@click.option(
+    "--shards",
+    type=int,
+    help="Time-shard every run into this many windows (kvsim run --shards; an approximation, "
+    "docs/sharding.md); runs that cannot be split run whole. [default: 1, unsharded]",
+)
+@click.option(
+    "--warmup",
+    "warmup_s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="With --shards: timed warm-up seconds before each window.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 @click.option(
     "--out",
@@ -101,6 +115,8 @@ def plan(
     executor: str | None,
     jobs: int | None,
     ray_address: str | None,
+    shards: int | None,
+    warmup_s: float,
     as_json: bool,
     out: str | None,
     quiet: bool,
@@ -146,6 +162,15 @@ def plan(
         raise KvsimError("--ray-address: only with --executor ray")
     if executor == "serial" and jobs not in (None, 1):
         raise KvsimError("-j: --executor serial runs one at a time; use --executor local")
+    sharding = None
+    if shards is not None:
+        from kvsim.shard.run import Sharding
+        from kvsim.shard.windows import check_sharding
+
+        check_sharding(shards, warmup_s)
+        if executor == "serial":  # windows run in this process, one after another
+            executor, jobs = "local", 1
+        sharding = Sharding(shards, warmup_s)
     names = tuple(r.strip() for r in routers.split(",")) if routers is not None else None
     base = RunConfig(
         trace=trace,
@@ -177,7 +202,7 @@ def plan(
     del loaded
     folder = PlanFolder(out) if out else None
     try:
-        result = _search(settings, resolved, executor, jobs, ray_address, quiet)
+        result = _search(settings, resolved, executor, jobs, ray_address, quiet, sharding)
     except BaseException:
         if folder is not None:
             folder.discard()
@@ -194,10 +219,10 @@ def plan(
         click.echo(f"plan.json, cost_vs_rate.png and ttft_pareto.png in {folder.out}")
 
 
-def _search(settings, resolved, executor: str, jobs, ray_address, quiet: bool):
+def _search(settings, resolved, executor: str, jobs, ray_address, quiet: bool, sharding=None):
     """Run the plan's search on the chosen executor, with progress lines on a terminal."""
     from kvsim.plan import run_plan
-    from kvsim.plan.runner import SweepRunner, serial_runner
+    from kvsim.plan.runner import ShardedRunner, SweepRunner, serial_runner
 
     start = time.perf_counter()
     show = not quiet and sys.stderr.isatty()
@@ -210,10 +235,11 @@ def _search(settings, resolved, executor: str, jobs, ray_address, quiet: bool):
                 err=True,
             )
 
-    runner_cm = (
-        contextlib.nullcontext(serial_runner)
-        if executor == "serial"
-        else SweepRunner(executor, jobs=jobs, ray_address=ray_address)
-    )
+    if sharding is not None:
+        runner_cm = ShardedRunner(sharding, executor, jobs=jobs, ray_address=ray_address)
+    elif executor == "serial":
+        runner_cm = contextlib.nullcontext(serial_runner)
+    else:
+        runner_cm = SweepRunner(executor, jobs=jobs, ray_address=ray_address)
     with runner_cm as runner:
         return run_plan(settings, resolved, runner, on_round=on_round)

@@ -9,6 +9,7 @@ reads are kept, so memory stays small over hundreds of runs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -107,6 +108,75 @@ class SweepRunner:
         self._executor.close()
 
     def __enter__(self) -> SweepRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ShardedRunner:
+    """A runner whose every run is time-sharded (kvsim.shard): the windows of all the runs of a
+    round go to one executor together, so a cluster stays busy with a round's runs and their
+    windows at once. A run that cannot be split (a P/D split, KV compression) runs whole, in
+    one task. Use as a context manager, like `SweepRunner`."""
+
+    def __init__(
+        self,
+        sharding: Any,
+        executor: str = "local",
+        jobs: int | None = None,
+        ray_address: str | None = None,
+    ) -> None:
+        from kvsim.shard.run import run_window_task
+        from kvsim.sweep import open_executor
+
+        self.sharding = sharding
+        self._executor = open_executor(
+            executor, jobs=jobs, ray_address=ray_address, call=run_window_task
+        )
+
+    def __call__(self, configs: Sequence[RunConfig]) -> list[Summary]:
+        import time
+
+        from kvsim.resolve import resolve
+        from kvsim.run import outcome_of
+        from kvsim.shard.run import ShardedRun, unshardable
+        from kvsim.sweep.worker import cached_trace
+
+        out: list[Summary] = [{} for _ in configs]
+        runs: dict[int, ShardedRun] = {}
+        tasks = []
+        for i, config in enumerate(configs):
+            try:
+                resolved = resolve(config)
+                sharding = self.sharding
+                if unshardable(resolved) is not None:
+                    sharding = dataclasses.replace(sharding, shards=1)
+                run = ShardedRun.cut(resolved, sharding, cached_trace(resolved.config))
+            except KvsimError as exc:
+                out[i] = {"error": str(exc)}
+                continue
+            runs[i] = run
+            tasks += run.tasks(first_index=len(tasks))
+        owner = [(i, k) for i, run in runs.items() for k in range(len(run.windows))]
+        outcomes: dict[int, list[Any]] = {i: [None] * len(run.windows) for i, run in runs.items()}
+        start = time.perf_counter()
+        for outcome in self._executor.run(tasks):
+            i, k = owner[outcome.index]
+            outcomes[i][k] = outcome
+        wall = time.perf_counter() - start
+        for i, run in runs.items():
+            try:
+                result, figures = run.merge(outcomes[i], wall)
+                out[i] = outcome_of(run.resolved, run.trace, result, figures).summary
+            except KvsimError as exc:
+                out[i] = {"error": str(exc)}
+        return out
+
+    def close(self) -> None:
+        self._executor.close()
+
+    def __enter__(self) -> ShardedRunner:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -89,7 +89,9 @@ def run_window_task(task: WindowTask) -> WindowOutcome:
     result, error = None, None
     try:
         resolved = resolve(task.config)
-        trace = retimed_trace(resolved, cached_trace(task.config))
+        trace = cached_trace(task.config)
+        if not task.window.whole:  # as `ShardedRun.cut` cut it
+            trace = retimed_trace(resolved, trace)
         result = run_resolved_window(resolved, trace, task.window)
     except KvsimError as exc:
         error = one_line(str(exc))
@@ -147,22 +149,72 @@ def run_resolved_window(
     return run_window(trace, resolved.engine, window, progress)
 
 
+def unshardable(resolved: ResolvedRun) -> str | None:
+    """Why this run cannot be split into windows, or None."""
+    engine = resolved.engine
+    if engine.pd_split is not None:
+        return (
+            "prefill/decode disaggregation (--pd) cannot be sharded yet (the cache-only "
+            "warm-up has no hand-off); run it unsharded"
+        )
+    if not engine.compression.identity:
+        return (
+            "runs with KV compression cannot be sharded yet (the cache-only warm-up does not "
+            "compact KV as decoding does); run it unsharded or with --compression none"
+        )
+    return None
+
+
 def check_shardable(resolved: ResolvedRun, sharding: Sharding) -> None:
     """Sharding's own settings, and the runs it cannot split (one line, before anything runs)."""
     check_sharding(sharding.shards, sharding.warmup_s)
-    if sharding.shards == 1:
-        return
-    engine = resolved.engine
-    if engine.pd_split is not None:
-        raise ConfigError(
-            "--shards: prefill/decode disaggregation (--pd) cannot be sharded yet (the "
-            "cache-only warm-up has no hand-off); run it unsharded"
-        )
-    if not engine.compression.identity:
-        raise ConfigError(
-            "--shards: runs with KV compression cannot be sharded yet (the cache-only warm-up "
-            "does not compact KV as decoding does); run it unsharded or with --compression none"
-        )
+    why = unshardable(resolved) if sharding.shards > 1 else None
+    if why is not None:
+        raise ConfigError(f"--shards: {why}")
+
+
+@dataclass
+class ShardedRun:
+    """One run cut into windows: the tasks to hand to workers, and how their outcomes merge."""
+
+    resolved: ResolvedRun
+    sharding: Sharding
+    trace: Trace  # re-timed when sharded
+    windows: list[Window]
+
+    @classmethod
+    def cut(cls, resolved: ResolvedRun, sharding: Sharding, trace: Trace) -> ShardedRun:
+        check_shardable(resolved, sharding)
+        if sharding.shards > 1:
+            trace = retimed_trace(resolved, trace)
+        arrival = trace.table.column("arrival_s").to_numpy()
+        cut = windows(arrival, sharding.shards, sharding.warmup_s, resolved.config.trace)
+        return cls(resolved, sharding, trace, cut)
+
+    def tasks(self, first_index: int = 0) -> list[WindowTask]:
+        """A task per window, numbered from `first_index` (a plan runs many runs' at once)."""
+        config = self.resolved.config
+        return [WindowTask(first_index + k, config, w) for k, w in enumerate(self.windows)]
+
+    def merge(self, outcomes: list[WindowOutcome], wall_s: float) -> tuple[Any, dict[str, Any]]:
+        """(the merged RunResult, the sharding figures for the summary: shards, warmup_s,
+        sharding, shard_wall_s, shard_peak_rss_bytes)."""
+        for k, outcome in enumerate(outcomes):
+            if outcome.error is not None:
+                raise ShardError(f"shard {k + 1} of {len(outcomes)}: {outcome.error}")
+        n = self.trace.table.num_rows
+        rows = [window_rows(self.trace, w) if not w.whole else np.arange(n) for w in self.windows]
+        result = merge([o.result for o in outcomes], rows)  # type: ignore[misc]
+        result.wall_s = wall_s
+        sharding = self.sharding
+        figures: dict[str, Any] = {"shards": sharding.shards, "warmup_s": float(sharding.warmup_s)}
+        if sharding.shards > 1:
+            figures["sharding"] = APPROXIMATION.format(
+                shards=sharding.shards, warmup_s=sharding.warmup_s
+            )
+            figures["shard_wall_s"] = [o.run_s for o in outcomes]
+            figures["shard_peak_rss_bytes"] = [o.peak_rss_bytes for o in outcomes]
+        return result, figures
 
 
 def run_sharded(
@@ -173,50 +225,30 @@ def run_sharded(
     progress: ProgressFn | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """Run `resolved` as `sharding` says; returns (the merged RunResult, sharding figures for
-    the summary: shards, warmup_s, sharding, shard_wall_s, shard_peak_rss_bytes)."""
+    the summary)."""
     from kvsim.run import trace_options
     from kvsim.sweep.executors import open_executor
 
-    check_shardable(resolved, sharding)
-    config = resolved.config
     if trace is None:
-        trace = load_trace(config.trace, **trace_options(config))
-    if sharding.shards > 1:
-        trace = retimed_trace(resolved, trace)
-    arrival = trace.table.column("arrival_s").to_numpy()
-    cut = windows(arrival, sharding.shards, sharding.warmup_s, config.trace)
+        trace = load_trace(resolved.config.trace, **trace_options(resolved.config))
+    sharded = ShardedRun.cut(resolved, sharding, trace)
     wall = time.perf_counter()
-    if sharding.shards == 1:
-        outcomes = [_here(resolved, trace, cut[0], progress)]
-    else:
-        jobs = sharding.jobs or min(sharding.shards, os.cpu_count() or 1)
-        tasks = [WindowTask(k, config, w) for k, w in enumerate(cut)]
-        outcomes = [WindowOutcome(k, None, "not run", math.nan, None, "") for k in range(len(cut))]
-        with open_executor(
-            sharding.executor, jobs=jobs, ray_address=sharding.ray_address, call=run_window_task
-        ) as executor:
-            for done, outcome in enumerate(executor.run(tasks), 1):
-                if outcome.error is not None:
-                    raise ShardError(f"shard {outcome.index + 1} of {len(cut)}: {outcome.error}")
-                outcomes[outcome.index] = outcome
-                if progress is not None:
-                    progress(done, len(cut))
-    parts = [o.result for o in outcomes]
-    assert all(p is not None for p in parts)
-    rows = [window_rows(trace, w) if not w.whole else np.arange(len(arrival)) for w in cut]
-    result = merge(parts, rows)  # type: ignore[arg-type]
-    result.wall_s = time.perf_counter() - wall
-    figures: dict[str, Any] = {
-        "shards": sharding.shards,
-        "warmup_s": float(sharding.warmup_s),
-    }
-    if sharding.shards > 1:
-        figures["sharding"] = APPROXIMATION.format(
-            shards=sharding.shards, warmup_s=sharding.warmup_s
-        )
-        figures["shard_wall_s"] = [o.run_s for o in outcomes]
-        figures["shard_peak_rss_bytes"] = [o.peak_rss_bytes for o in outcomes]
-    return result, figures
+    count = len(sharded.windows)
+    if count == 1:
+        outcomes = [_here(resolved, sharded.trace, sharded.windows[0], progress)]
+        return sharded.merge(outcomes, time.perf_counter() - wall)
+    jobs = sharding.jobs or min(count, os.cpu_count() or 1)
+    outcomes = [WindowOutcome(k, None, "not run", math.nan, None, "") for k in range(count)]
+    with open_executor(
+        sharding.executor, jobs=jobs, ray_address=sharding.ray_address, call=run_window_task
+    ) as executor:
+        for done, outcome in enumerate(executor.run(sharded.tasks()), 1):
+            if outcome.error is not None:
+                raise ShardError(f"shard {outcome.index + 1} of {count}: {outcome.error}")
+            outcomes[outcome.index] = outcome
+            if progress is not None:
+                progress(done, count)
+    return sharded.merge(outcomes, time.perf_counter() - wall)
 
 
 def _here(
