@@ -18,7 +18,7 @@ from kvsim.engine import EngineConfig
 from kvsim.engine.assemble import RunParts, assemble
 from kvsim.engine.resolve import resolve_engine
 from kvsim.engine.trace_view import TraceRequests
-from kvsim.engine.warmup import warm_up
+from kvsim.engine.warmup import fleet_capacity_blocks, replay_horizon, warm_up
 from kvsim.engine.workload import Workload
 from kvsim.hardware import load_profile
 from kvsim.metrics.requests import RequestLog
@@ -43,9 +43,12 @@ def _contents(fleet) -> list[dict[str, frozenset[int]]]:
     return out
 
 
-def _state_at(trace, run, at_s: float, warm: bool) -> list[dict[str, frozenset[int]]]:
+def _state_at(
+    trace, run, at_s: float, warm: bool, horizon: bool = False
+) -> list[dict[str, frozenset[int]]]:
     """Tier contents at `at_s`: from the timed engine, or (`warm`) from the instant replay of
-    the requests before `at_s` followed by the timed engine."""
+    the requests before `at_s` (`horizon`: only the recent ones a window replays) followed by
+    the timed engine."""
     env = simpy.Environment()
     source = TraceRequests(trace, run.config.block_size)
     timed = source.arrival_s >= at_s if warm else None
@@ -54,7 +57,10 @@ def _state_at(trace, run, at_s: float, warm: bool) -> list[dict[str, frozenset[i
     timeline = Timeline(env, fleet.replicas, 3600.0, lambda: workload.completed)
     if warm:
         assert timed is not None
-        env.process(warm_up(env, workload, fleet, np.flatnonzero(~timed)))
+        rows = np.flatnonzero(~timed)
+        if horizon:
+            rows = replay_horizon(source, rows, fleet_capacity_blocks(fleet))
+        env.process(warm_up(env, workload, fleet, rows))
     workload.start(fleet, timeline, from_s=at_s if warm else 0.0)
     seen: list = []
 
@@ -112,3 +118,40 @@ def test_warm_up_rebuilds_every_tier(reqs, replicas, hbm, dram, cut) -> None:
     run = _run(replicas, hbm, dram)
     at_s = GAP_S * int(len(rows) * cut) - 1.0
     assert _state_at(trace, run, at_s, warm=True) == _state_at(trace, run, at_s, warm=False)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    reqs=st.lists(request, min_size=20, max_size=60),
+    hbm=st.integers(12, 20),
+    dram=st.integers(4, 12),
+)
+def test_the_recent_past_is_enough_under_lru(reqs, hbm, dram) -> None:
+    """Replaying only the requests whose blocks fill the caches twice leaves every tier as
+    replaying them all does (LRU forgets the rest)."""
+    rows = [
+        Req(
+            segments=[(1000 + p, 16 * blocks), *([(5000 + i, own)] if own else [])],
+            output_tokens=out,
+            arrival_s=GAP_S * i,
+            output_hash=9000 + i,
+        )
+        for i, (p, blocks, own, out) in enumerate(reqs)
+    ]
+    trace = make_trace(rows)
+    run = _run(1, hbm, dram)
+    at_s = GAP_S * len(rows) - 1.0
+    assert _state_at(trace, run, at_s, True, horizon=True) == _state_at(trace, run, at_s, True)
+
+
+def test_the_horizon_keeps_the_latest_requests_that_fill_the_caches() -> None:
+    from kvsim.engine.trace_view import TraceRequests
+
+    # 40 requests of 4 private blocks each (3 of prompt, 1 of reply), one a minute
+    rows = [Req([(100 + i, 48)], 17, arrival_s=GAP_S * i, output_hash=7000 + i) for i in range(40)]
+    source = TraceRequests(make_trace(rows), 16)
+    every = np.arange(40)
+    kept = replay_horizon(source, every, capacity_blocks=10)  # 20 blocks: the latest 5 requests
+    assert sorted(kept.tolist()) == list(range(35, 40))
+    assert sorted(replay_horizon(source, every, 10_000).tolist()) == list(range(40))
+    assert replay_horizon(source, every[:0], 10).size == 0

@@ -52,7 +52,7 @@ class TraceRequests:
         self._id_span = 0  # ids are 1 .. span - 1: a salt's range starts at a multiple of it
         self._salt_slots: dict[int, int] = {0: 0}
 
-    def _block_ids(self) -> tuple[np.ndarray, np.ndarray]:
+    def block_ids(self) -> tuple[np.ndarray, np.ndarray]:
         """(block offsets, block ids) of every request's chain (`sequence_block_hashes`:
         prompt, then a content-addressed reply), numbered by first appearance in trace order
         (kvsim.traces.blocks.first_seen_ids). Built once, on first use, in numpy passes over
@@ -75,7 +75,7 @@ class TraceRequests:
     def reused_blocks(self) -> np.ndarray:
         """kvsim.traces.stats.reused_blocks at the engine's cap (at least one prompt token is
         computed), from the chains' ids."""
-        offsets, ids = self._block_ids()
+        offsets, ids = self.block_ids()
         return reused_from_ids(offsets, ids, (self.input_tokens - 1) // self.block_size)
 
     def _salted(self, ids: np.ndarray, salt: int) -> np.ndarray:
@@ -84,7 +84,7 @@ class TraceRequests:
         if not salt:
             return ids
         slot = self._salt_slots.setdefault(salt, len(self._salt_slots))
-        self._block_ids()
+        self.block_ids()
         return ids.astype(np.int64) + slot * self._id_span
 
     def load_chain(self, req: Request, with_kinds: bool, with_segments: bool = False) -> None:
@@ -93,7 +93,7 @@ class TraceRequests:
         i = req.index
         table = req.table
         lo, hi = self.seg_offsets[i], self.seg_offsets[i + 1]
-        block_offsets, ids = self._block_ids()
+        block_offsets, ids = self.block_ids()
         chain = ids[block_offsets[i] : block_offsets[i + 1]]
         comp = req.comp
         if comp is not None and comp.salt:  # blocks of another compression never match
@@ -123,7 +123,7 @@ class TraceRequests:
         know. `salt`: the run's compression (under auto, chosen per request, the oracle sees
         none). A request's full prompt blocks lead its chain (a block's hash covers only the
         tokens up to its end), so their keys are the chain's first ones."""
-        offsets, ids = self._block_ids()
+        offsets, ids = self.block_ids()
         tokens = np.concatenate(([0], np.cumsum(self.seg_tokens, dtype=np.int64)))
         counts = (tokens[self.seg_offsets[1:]] - tokens[self.seg_offsets[:-1]]) // self.block_size
         row = np.repeat(np.arange(self.n), np.diff(offsets))

@@ -11,6 +11,13 @@ sees an estimate (`WarmView`): each request stays running on its replica for its
 service time (its uncached prefill, then its reply at a batch-1 decode step), since nothing
 queues in an instant replay. A session's next turn is prefetched towards HBM before its
 (nominal) arrival, as the engine does while a session thinks.
+
+Only the recent past is replayed (`replay_horizon`): the latest requests before the window
+whose blocks, counted once each, fill the fleet's caches (HBM and every tier below)
+`HORIZON_FILLS` times over. Under LRU a cache's contents depend only on the last blocks that
+fill it, so older requests change nothing; under frequency- or history-based policies they
+change a little, which `benchmarks/bench_shards.py` measures with the rest. This keeps a
+window's cost bounded by what the caches hold, not by how far into the trace it lies.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import simpy
 from kvsim.costmodel import CostModel
 from kvsim.engine.assemble import Fleet
 from kvsim.engine.cluster import LiveView
+from kvsim.engine.trace_view import TraceRequests
 from kvsim.engine.workload import Workload
 from kvsim.kvcache.manager import KVCacheManager
 from kvsim.kvcache.request import Request
@@ -33,6 +41,8 @@ from kvsim.routers import ReplicaLoad
 WHOLE = 1 << 62
 #: decode steps are priced at contexts rounded to this many tokens (a memo key)
 CONTEXT_STEP = 256
+#: the warm-up replays requests back to where their distinct blocks fill every cache this often
+HORIZON_FILLS = 2.0
 
 
 def serve_instantly(kv: KVCacheManager, req: Request, now_s: float) -> int:
@@ -186,3 +196,40 @@ def _replay(
             turn = Request(nxt, int(source.input_tokens[nxt]), int(source.output_tokens[nxt]))
             turn.hint = source.hints.at(nxt, replied=False)
             env.timeout(lead).callbacks.append(lambda _ev, r=replica, t=turn: r.prefetch(t))
+
+
+def fleet_capacity_blocks(fleet: Fleet) -> int:
+    """Blocks the fleet's caches hold: every replica's HBM and node-local tiers, and each
+    shared tier once."""
+    total = 0
+    shared: set[int] = set()
+    for replica in fleet.replicas:
+        total += replica.kv.pool.num_blocks
+        hierarchy = replica.kv.hierarchy
+        for tier in hierarchy.tiers if hierarchy is not None else ():
+            if tier.shared:
+                if id(tier) in shared:
+                    continue
+                shared.add(id(tier))
+            total += tier.capacity_blocks
+    return total
+
+
+def replay_horizon(source: TraceRequests, rows: np.ndarray, capacity_blocks: int) -> np.ndarray:
+    """The latest of `rows` (by arrival) whose distinct blocks reach `HORIZON_FILLS` times
+    `capacity_blocks`: all of them when they never do."""
+    if not rows.size:
+        return rows
+    order = rows[np.argsort(-source.arrival_s[rows], kind="stable")]  # latest first
+    offsets, ids = source.block_ids()
+    lengths = offsets[order + 1] - offsets[order]
+    ends = np.cumsum(lengths)
+    if not ends[-1]:
+        return rows
+    starts = np.repeat(offsets[order] - (ends - lengths), lengths)
+    stream = ids[starts + np.arange(ends[-1])]
+    first = np.zeros(stream.size, dtype=bool)
+    first[np.unique(stream, return_index=True)[1]] = True
+    distinct = np.cumsum(first)[ends - 1]  # distinct blocks of the latest 1, 2, ... requests
+    enough = np.flatnonzero(distinct >= HORIZON_FILLS * capacity_blocks)
+    return order if not enough.size else order[: enough[0] + 1]
