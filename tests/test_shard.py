@@ -20,7 +20,14 @@ from kvsim.shard.windows import check_sharding
 from tests.helpers import in_process
 
 #: summary keys a sharded run adds, and those that measure this machine, not the simulation
-SHARD_KEYS = {"shards", "warmup_s", "sharding", "shard_wall_s", "shard_peak_rss_bytes"}
+SHARD_KEYS = {
+    "shards",
+    "warmup_s",
+    "sharding",
+    "shard_wall_s",
+    "shard_cpu_s",
+    "shard_peak_rss_bytes",
+}
 WALL = {"wall_s"}
 
 

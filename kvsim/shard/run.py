@@ -78,6 +78,7 @@ class WindowOutcome:
     run_s: float
     peak_rss_bytes: int | None
     worker: str
+    cpu_s: float = math.nan  # the worker's CPU seconds: what a window costs on a busy machine
 
 
 def run_window_task(task: WindowTask) -> WindowOutcome:
@@ -86,6 +87,7 @@ def run_window_task(task: WindowTask) -> WindowOutcome:
 
     _reset_peak_rss()
     start = time.perf_counter()
+    cpu = time.process_time()
     result, error = None, None
     try:
         resolved = resolve(task.config)
@@ -104,6 +106,7 @@ def run_window_task(task: WindowTask) -> WindowOutcome:
         time.perf_counter() - start,
         peak_rss_bytes(),
         f"{socket.gethostname()}:{os.getpid()}",
+        time.process_time() - cpu,
     )
 
 
@@ -198,7 +201,7 @@ class ShardedRun:
 
     def merge(self, outcomes: list[WindowOutcome], wall_s: float) -> tuple[Any, dict[str, Any]]:
         """(the merged RunResult, the sharding figures for the summary: shards, warmup_s,
-        sharding, shard_wall_s, shard_peak_rss_bytes)."""
+        sharding, shard_wall_s, shard_cpu_s, shard_peak_rss_bytes)."""
         for k, outcome in enumerate(outcomes):
             if outcome.error is not None:
                 raise ShardError(f"shard {k + 1} of {len(outcomes)}: {outcome.error}")
@@ -213,6 +216,7 @@ class ShardedRun:
                 shards=sharding.shards, warmup_s=sharding.warmup_s
             )
             figures["shard_wall_s"] = [o.run_s for o in outcomes]
+            figures["shard_cpu_s"] = [o.cpu_s for o in outcomes]
             figures["shard_peak_rss_bytes"] = [o.peak_rss_bytes for o in outcomes]
         return result, figures
 
