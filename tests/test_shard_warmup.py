@@ -155,3 +155,23 @@ def test_the_horizon_keeps_the_latest_requests_that_fill_the_caches() -> None:
     assert sorted(kept.tolist()) == list(range(35, 40))
     assert sorted(replay_horizon(source, every, 10_000).tolist()) == list(range(40))
     assert replay_horizon(source, every[:0], 10).size == 0
+
+
+def test_a_load_aware_router_spreads_the_warm_up_over_replicas() -> None:
+    """Least-loaded sends a request to the lowest index on a tie: were the instant replay to
+    show it no load, every warm-up request would land on replica 0."""
+    rows = [Req([(100 + i, 64)], 200, arrival_s=0.01 * i, output_hash=7000 + i) for i in range(30)]
+    trace = make_trace(rows)
+    model = load_model("llama-3.2-1b")
+    config = EngineConfig(num_gpu_blocks=200, replicas=3, router="least-loaded", prefetch=False)
+    run = resolve_engine(config, model, load_profile("h100-sxm"))
+    env = simpy.Environment()
+    source = TraceRequests(trace, 16)
+    timed = np.zeros(source.n, dtype=bool)
+    workload = Workload(env, source, run, RequestLog(source.n, 0), None, timed)
+    fleet = assemble(RunParts.build(env, run, source), workload.finished)
+    workload._fleet = fleet  # the warm-up makes its requests through the workload
+    env.process(warm_up(env, workload, fleet, np.arange(source.n)))
+    env.run()
+    cached = [len(r.kv.pool.refs) for r in fleet.replicas]
+    assert min(cached) > 0 and max(cached) - min(cached) <= 2 * 17  # a request's blocks apart

@@ -83,7 +83,8 @@ class WarmView(LiveView):
         self.chunk = chunk
         self.block_size = fleet.replicas[0].block_size
         self.capacity = [r.kv.pool.num_blocks for r in fleet.replicas]
-        self.pending: list[list[tuple[float, int, int]]] = [[] for _ in fleet.replicas]
+        # per replica: (placed at, prompt tokens, uncached ones, reply tokens), not yet priced
+        self.pending: list[list[tuple[float, int, int, int]]] = [[] for _ in fleet.replicas]
         self.running: list[list[tuple[float, int]]] = [[] for _ in fleet.replicas]
         self.blocks = [0] * len(fleet.replicas)
         self._steps: dict[int, float] = {}
@@ -92,8 +93,7 @@ class WarmView(LiveView):
         """`req` was replayed on `replica` now; its service time is priced only if a router
         asks for loads (`loads`)."""
         uncached = max(req.input_tokens - hit_blocks * self.block_size, 0)
-        self.pending[replica].append((self.now_s, req.input_tokens, uncached))
-        self.pending[replica].append((0.0, req.output_tokens, -1))
+        self.pending[replica].append((self.now_s, req.input_tokens, uncached, req.output_tokens))
 
     @property
     def loads(self) -> Sequence[ReplicaLoad]:
@@ -125,9 +125,7 @@ class WarmView(LiveView):
         if not pending:
             return
         cost, bs = self.cost, self.block_size
-        for k in range(0, len(pending), 2):
-            at, prompt, uncached = pending[k]
-            output = pending[k + 1][1]
+        for at, prompt, uncached, output in pending:
             context = prompt - uncached
             seconds = cost.prefill_time_s(uncached, context, self.chunk) if uncached else 0.0
             seconds += output * self._step_s(prompt + output // 2)
