@@ -9,8 +9,8 @@ starts, as it nearly does in the engine, where an iteration outlasts one block's
 router still decides where each request goes, seeing the live caches; a router that reads load
 sees an estimate (`WarmView`): each request stays running on its replica for its unloaded
 service time (its uncached prefill, then its reply at a batch-1 decode step), since nothing
-queues in an instant replay. A session's next turn is prefetched towards HBM before its
-(nominal) arrival, as the engine does while a session thinks.
+queues in an instant replay. A session's next turn that the timed engine serves is prefetched
+towards HBM before its (estimated) arrival, as the engine does while a session thinks.
 
 Only the recent past is replayed (`replay_horizon`): the latest requests before the window
 whose blocks, counted once each, fill the fleet's caches (HBM and every tier below)
@@ -171,6 +171,8 @@ def _replay(
     prefetch: bool,
 ) -> Iterator[simpy.Event]:
     source, cluster = workload.source, fleet.cluster
+    timed = workload.timed
+    assert timed is not None
     config = workload.run.config
     arrival = source.arrival_s
     for i in order.tolist():
@@ -189,7 +191,9 @@ def _replay(
             continue
         view.placed(target, req, hit)
         nxt = follows.get(i)
-        if nxt is not None and prefetch:  # as the engine does while the session thinks
+        # as the engine does while the session thinks, for a next turn the timed engine
+        # serves (one the warm-up serves finds the same blocks below in no time)
+        if nxt is not None and prefetch and timed[nxt]:
             lead = max(float(arrival[nxt]) - config.prefetch_lead_s - env.now, 0.0)
             turn = Request(nxt, int(source.input_tokens[nxt]), int(source.output_tokens[nxt]))
             turn.hint = source.hints.at(nxt, replied=False)
