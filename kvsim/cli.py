@@ -38,7 +38,8 @@ def _positive(name: str, value: float | None) -> None:
 class _Progress:
     """A progress bar on stderr that appears only once a run has taken a couple of seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, unit: str = "requests") -> None:
+        self.unit = unit
         self.start = time.perf_counter()
         self.last = 0.0
         self.shown = False
@@ -55,7 +56,7 @@ class _Progress:
         width = 30
         filled = int(width * done / max(total, 1))
         bar = "#" * filled + "-" * (width - filled)
-        sys.stderr.write(f"\r[{bar}] {done}/{total} requests  {now - self.start:5.1f}s")
+        sys.stderr.write(f"\r[{bar}] {done}/{total} {self.unit}  {now - self.start:5.1f}s")
         sys.stderr.flush()
 
     def close(self) -> None:
@@ -545,7 +546,7 @@ def run(
         except BaseException:
             folder.discard()
             raise
-    progress = _Progress()
+    progress = _Progress("windows" if sharding is not None and sharding.shards > 1 else "requests")
     try:
         outcome = run_resolved(resolved, progress=progress, sharding=sharding)
         base_outcome = (
