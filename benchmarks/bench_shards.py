@@ -143,7 +143,7 @@ def table(points: list[dict[str, Any]], summary: dict[str, Any], args: argparse.
     tiers = [k for k in points[0] if k.startswith("hit_") and k != "hit_ratio"]
     head = (
         f"\n{summary['requests']:,} requests, {args.replicas} replicas ({args.router}), "
-        f"{args.tiers}; unsharded: {points[0]['wall_s']:.0f} s wall, hit ratio "
+        f"{args.tiers}; unsharded: {points[0]['cpu_s']:.0f} s CPU, hit ratio "
         f"{points[0]['hit_ratio']:.4f}, TTFT p50 {points[0]['ttft_p50_s'] * 1e3:.1f} ms\n\n"
     )
     cols = ["shards", "warm-up s", *(f"Δ{t[4:]}" for t in tiers), "Δhit"]
