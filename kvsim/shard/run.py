@@ -1,19 +1,22 @@
 """`kvsim run --shards N`: one run split into consecutive time windows, simulated in parallel.
 
 Each window (kvsim.shard.windows) runs in its own worker (a local process pool or Ray, the
-executors `kvsim sweep` uses): the worker loads the trace up to the window's end, replays the
-requests before the window's timed start cache-only to rebuild every tier's contents
-(kvsim.engine.warmup), runs the timed engine from ``--warmup`` seconds before the window (so
-queues and batches form again), counts the requests that arrive in the window and follows them
-until they finish (kvsim.engine.window). The windows' results are merged (kvsim.shard.merge)
-into the files and summary keys of an unsharded run, with ``shards``, ``warmup_s`` and
-``sharding`` (what was approximated) added. One shard is the unsharded run, bit for bit.
+executors `kvsim sweep` uses): the worker loads the trace, re-times its closed-loop turns as the
+caller did (kvsim.shard.retime) and keeps the requests up to the window's end plus its warm-up;
+it replays the recent requests before the window's timed start cache-only to rebuild every
+tier's contents (kvsim.engine.warmup), runs the timed engine from ``--warmup`` seconds before
+the window (so queues and batches form again), counts the requests that arrive in the window
+and follows them until they finish (kvsim.engine.window). The windows' results are merged
+(kvsim.shard.merge) into the files and summary keys of an unsharded run, with ``shards``,
+``warmup_s``, per-window wall, CPU and memory, and ``sharding`` (what was approximated) added.
+One shard is the unsharded run, bit for bit.
 
 What this approximates, and `benchmarks/bench_shards.py` measures: the requests before a window
 reach the caches in arrival order, one at a time and in no time, so their effect on the caches
 is exact only when requests do not overlap; queues, batches and in-flight transfers at the
-window's start are rebuilt only by the warm-up's timed seconds; a closed-loop turn whose earlier
-turn fell before the timed start arrives at its nominal trace time.
+window's start are rebuilt only by the warm-up's timed seconds (an overloaded fleet's queue is
+not: docs/sharding.md); a closed-loop turn whose earlier turn fell before the timed start
+arrives at its estimated time.
 """
 
 from __future__ import annotations
