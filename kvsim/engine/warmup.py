@@ -55,7 +55,7 @@ def serve_instantly(kv: KVCacheManager, req: Request, now_s: float) -> int:
     if hit + need > kv.pool.num_blocks:
         return -1
     kv.admit(req, plan, now_s, True)
-    if load:  # the blocks arrive in no time; the tiers below unpin them when the links finish
+    if load:  # the blocks arrive in no time (the tiers below unpin them in this instant)
         kv.loaded(req, hit + len(load), now_s)
     # the engine never computes the KV of the last token it samples
     total = req.input_tokens + max(req.output_tokens - 1, 0)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.engine.warmup import serve_instantly
 from kvsim.kvcache.block_pool import BlockPool
 from kvsim.kvcache.hints import TraceHints
 from kvsim.kvcache.manager import KVCacheManager
@@ -265,7 +266,6 @@ def _replay_prefix(
         req.table.kinds = kinds[offsets[req.index] : offsets[req.index + 1]]
 
     kv = cache_only_manager(seq, pool, load_chain, clock)
-    budget = 1 << 62
     tokens = seq.prompt_tokens().tolist()
     arrivals = seq.arrival_s.tolist()
     request_hits = np.zeros(len(offsets) - 1, dtype=np.int64)
@@ -276,20 +276,13 @@ def _replay_prefix(
         if clock is not None:
             clock.serve(row)
         req = Request(row, tokens[row], 0)
-        if hints is not None:
+        if hints is not None:  # its reply is known when it releases its blocks
             req.hint = hints.at(row, replied=False)
-        plan = kv.lookup(req, budget)
-        hit, need = plan[0], plan[4]
-        if hit + need > capacity:  # it could never run: an engine refuses it
+            req.reply_hint = hints.at(row)
+        hit = serve_instantly(kv, req, arrivals[row])
+        if hit < 0:  # it could never run: an engine refuses it
             unserved += 1
             continue
-        now = arrivals[row]
-        kv.admit(req, plan, now, True)
-        req.computed = req.known
-        kv.commit(req, now)
-        if hints is not None:  # its reply is known when it releases its blocks
-            req.hint = hints.at(row)
-        kv.free(req, now)
         request_hits[row] = hit
     hits = int(request_hits.sum())
     extra: dict[str, float] = {"unserved_requests": unserved}
