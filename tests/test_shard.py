@@ -11,13 +11,13 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers import in_process
 
 from kvsim.engine import EngineConfig
 from kvsim.errors import ConfigError
 from kvsim.run import RunConfig, run, write_outputs
 from kvsim.shard import Sharding, windows
 from kvsim.shard.windows import check_sharding
-from tests.helpers import in_process
 
 #: summary keys a sharded run adds, and those that measure this machine, not the simulation
 SHARD_KEYS = {
@@ -200,11 +200,12 @@ def test_merged_requests_are_in_trace_order(unsharded) -> None:
 
 
 def test_closed_loop_turns_are_retimed_by_the_runs_own_model() -> None:
+    from helpers import Req, make_trace
+
     from kvsim.costmodel import make_cost_model
     from kvsim.hardware import load_profile
     from kvsim.models import load_model
     from kvsim.shard.retime import retimed, service_s
-    from tests.helpers import Req, make_trace
 
     rows = [
         Req([(1, 64)], 50, arrival_s=5.0, session_id=0, turn=0),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import simpy
+from helpers import Req, make_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +25,6 @@ from kvsim.hardware import load_profile
 from kvsim.metrics.requests import RequestLog
 from kvsim.metrics.timeline import Timeline
 from kvsim.models import load_model
-from tests.helpers import Req, make_trace
 
 GAP_S = 60.0  # far longer than any request here takes: nothing overlaps
 
