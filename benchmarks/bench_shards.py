@@ -96,7 +96,7 @@ def main() -> None:
 
     from kvsim.engine import EngineConfig
     from kvsim.run import RunConfig, run
-    from kvsim.shard import Sharding
+    from kvsim.shard import Sharding, run_split
 
     trace = args.trace or synth(args.synth, args.seed)
     config = RunConfig(
@@ -117,7 +117,7 @@ def main() -> None:
     for shards in map(int, args.shards.split(",")):
         for warmup in map(float, args.warmups.split(",")):
             start = time.perf_counter()
-            outcome = run(config, sharding=Sharding(shards, warmup, jobs=args.jobs))
+            outcome = run_split(config, Sharding(shards, warmup, jobs=args.jobs))
             got = figures(outcome.summary)
             got["wall_s"] = time.perf_counter() - start
             walls = outcome.summary["shard_cpu_s"]

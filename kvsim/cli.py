@@ -548,10 +548,16 @@ def run(
             raise
     progress = _Progress("windows" if sharding is not None and sharding.shards > 1 else "requests")
     try:
-        outcome = run_resolved(resolved, progress=progress, sharding=sharding)
-        base_outcome = (
-            run_resolved(base_resolved, sharding=sharding) if base_resolved is not None else None
-        )
+        if sharding is None:
+            outcome = run_resolved(resolved, progress=progress)
+            base_outcome = run_resolved(base_resolved) if base_resolved is not None else None
+        else:
+            from kvsim.shard.run import run_resolved_split
+
+            outcome = run_resolved_split(resolved, sharding, progress)
+            base_outcome = (
+                run_resolved_split(base_resolved, sharding) if base_resolved is not None else None
+            )
     except BaseException:
         folder.discard()
         if base_folder is not None:

@@ -58,7 +58,6 @@ from kvsim.engine.tiers import replica_share
 from kvsim.hardware.tier_kinds import SHARED_TIER_NAMES
 from kvsim.metrics import summarize
 from kvsim.resolve import ResolvedRun, resolve
-from kvsim.shard.run import Sharding, check_shardable, run_sharded
 from kvsim.traces import Trace, load_trace
 from kvsim.traces.registry import run_requests
 from kvsim.units import format_bytes
@@ -100,41 +99,25 @@ def trace_options(config: RunConfig) -> dict[str, Any]:
 
 
 def run(
-    config: RunConfig,
-    progress: ProgressFn | None = None,
-    *,
-    trace: Trace | None = None,
-    sharding: Sharding | None = None,
+    config: RunConfig, progress: ProgressFn | None = None, *, trace: Trace | None = None
 ) -> RunOutcome:
     """Resolve the config, load its trace, simulate, and summarise (KvsimError on bad input).
 
     `trace`, when given, must be ``load_trace(config.trace, **trace_options(config))``, loaded
-    earlier (kvsim.sweep reuses one per worker); otherwise it is loaded here. `sharding` splits
-    the run into time windows simulated in parallel (kvsim.shard: an approximation, said so in
-    the summary).
+    earlier (kvsim.sweep reuses one per worker); otherwise it is loaded here. A time-sharded
+    run (an approximation, in parallel) is `kvsim.shard.run_split`.
     """
-    return run_resolved(resolve(config), progress, trace=trace, sharding=sharding)
+    return run_resolved(resolve(config), progress, trace=trace)
 
 
 def run_resolved(
-    resolved: ResolvedRun,
-    progress: ProgressFn | None = None,
-    *,
-    trace: Trace | None = None,
-    sharding: Sharding | None = None,
+    resolved: ResolvedRun, progress: ProgressFn | None = None, *, trace: Trace | None = None
 ) -> RunOutcome:
     """`run` for a config `kvsim.resolve.resolve` has already checked."""
     config, engine = resolved.config, resolved.engine
-    if sharding is not None:
-        check_shardable(resolved, sharding)
     if trace is None:
         trace = load_trace(config.trace, **trace_options(config))
-    figures: dict[str, Any] = {}
-    if sharding is None:
-        result = run_engine(trace, engine, progress=progress)
-    else:
-        result, figures = run_sharded(resolved, sharding, trace=trace, progress=progress)
-    return outcome_of(resolved, trace, result, figures)
+    return outcome_of(resolved, trace, run_engine(trace, engine, progress=progress))
 
 
 def outcome_of(

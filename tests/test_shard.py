@@ -16,7 +16,7 @@ from helpers import in_process
 from kvsim.engine import EngineConfig
 from kvsim.errors import ConfigError
 from kvsim.run import RunConfig, run, write_outputs
-from kvsim.shard import Sharding, windows
+from kvsim.shard import Sharding, run_split, windows
 from kvsim.shard.windows import check_sharding
 
 #: summary keys a sharded run adds, and those that measure this machine, not the simulation
@@ -58,7 +58,7 @@ def _same_summary(a: dict, b: dict) -> None:
 
 
 def test_one_shard_is_the_unsharded_run_bit_for_bit(unsharded) -> None:
-    one = run(_fleet(), sharding=Sharding(1, warmup_s=30))
+    one = run_split(_fleet(), Sharding(1, warmup_s=30))
     assert one.result.requests.equals(unsharded.result.requests)
     assert one.result.timeline.equals(unsharded.result.timeline)
     _same_summary(one.summary, unsharded.summary)
@@ -68,11 +68,11 @@ def test_one_shard_is_the_unsharded_run_bit_for_bit(unsharded) -> None:
 @pytest.mark.parametrize("engine", [{"pd": "1:2"}, {"compression": "quant"}])
 def test_one_shard_of_what_cannot_be_split_is_still_the_run(engine) -> None:
     config = _fleet(60, **engine)
-    _same_summary(run(config, sharding=Sharding(1)).summary, run(config).summary)
+    _same_summary(run_split(config, Sharding(1)).summary, run(config).summary)
 
 
 def test_shards_count_every_request_once_and_keep_the_files(unsharded, tmp_path) -> None:
-    sharded = run(_fleet(), sharding=Sharding(3, warmup_s=20, jobs=1))
+    sharded = run_split(_fleet(), Sharding(3, warmup_s=20, jobs=1))
     a, b = sharded.result.requests, unsharded.result.requests
     assert a.schema == b.schema
     assert a.column("request_id").equals(b.column("request_id"))
@@ -96,8 +96,8 @@ def test_shards_count_every_request_once_and_keep_the_files(unsharded, tmp_path)
 
 def test_worker_processes_give_the_same_result_as_one_process() -> None:
     config = _fleet(120)
-    here = run(config, sharding=Sharding(2, warmup_s=10, jobs=1))
-    pool = run(config, sharding=Sharding(2, warmup_s=10, jobs=2))
+    here = run_split(config, Sharding(2, warmup_s=10, jobs=1))
+    pool = run_split(config, Sharding(2, warmup_s=10, jobs=2))
     assert here.result.requests.equals(pool.result.requests)
     _same_summary(here.summary, pool.summary)
 
@@ -105,8 +105,8 @@ def test_worker_processes_give_the_same_result_as_one_process() -> None:
 def test_ray_gives_the_same_result_as_local_processes() -> None:
     pytest.importorskip("ray")
     config = _fleet(120)
-    local = run(config, sharding=Sharding(2, warmup_s=10, jobs=1))
-    ray = run(config, sharding=Sharding(2, warmup_s=10, executor="ray", jobs=2))
+    local = run_split(config, Sharding(2, warmup_s=10, jobs=1))
+    ray = run_split(config, Sharding(2, warmup_s=10, executor="ray", jobs=2))
     assert local.result.requests.equals(ray.result.requests)
     _same_summary(local.summary, ray.summary)
 
@@ -189,11 +189,11 @@ def test_a_failing_window_fails_the_run_with_its_number(monkeypatch) -> None:
 
     monkeypatch.setattr(shard_run, "run_window", broken)
     with pytest.raises(shard_run.ShardError, match=r"shard 2 of 2: row 7: broken on purpose"):
-        run(_fleet(60), sharding=Sharding(2, jobs=1))
+        run_split(_fleet(60), Sharding(2, jobs=1))
 
 
 def test_merged_requests_are_in_trace_order(unsharded) -> None:
-    sharded = run(_fleet(), sharding=Sharding(4, warmup_s=0, jobs=1))
+    sharded = run_split(_fleet(), Sharding(4, warmup_s=0, jobs=1))
     ids = sharded.result.requests.column("request_id")
     assert ids.equals(unsharded.result.requests.column("request_id"))
     assert isinstance(sharded.result.requests, pa.Table)

@@ -31,7 +31,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("measurements", ("metrics",)),
     ("engine (SimPy)", ("engine",)),
     ("a run", ("config", "resolve", "estimate", "run")),
-    ("many runs, tools", ("sweep", "plan", "compare", "report", "mrc", "calibrate", "workerguard")),
+    (
+        "many runs, tools",
+        ("sweep", "shard", "plan", "compare", "report", "mrc", "calibrate", "workerguard"),
+    ),
     ("command line", ("cli", "__main__")),
 )
 LAYER_OF = {pkg: i for i, (_, pkgs) in enumerate(LAYERS) for pkg in pkgs}

@@ -268,3 +268,32 @@ def _here(
 
 class ShardError(KvsimError):
     """A window that failed: the run has no result (nothing is written)."""
+
+
+def run_split(
+    config: RunConfig,
+    sharding: Sharding,
+    progress: ProgressFn | None = None,
+    *,
+    trace: Trace | None = None,
+) -> Any:
+    """`kvsim.run.run` split as `sharding` says: resolve, load, run the windows, summarise
+    (a `kvsim.run.RunOutcome`, its summary with the sharding figures)."""
+    return run_resolved_split(resolve(config), sharding, progress, trace=trace)
+
+
+def run_resolved_split(
+    resolved: ResolvedRun,
+    sharding: Sharding,
+    progress: ProgressFn | None = None,
+    *,
+    trace: Trace | None = None,
+) -> Any:
+    """`run_split` for a config `kvsim.resolve.resolve` has already checked."""
+    from kvsim.run import outcome_of, trace_options
+
+    check_shardable(resolved, sharding)
+    if trace is None:
+        trace = load_trace(resolved.config.trace, **trace_options(resolved.config))
+    result, figures = run_sharded(resolved, sharding, trace=trace, progress=progress)
+    return outcome_of(resolved, trace, result, figures)
