@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from kvsim.errors import ConfigError, KvsimError
+from kvsim.shard.options import warmup_option
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -456,14 +457,7 @@ def _check_ray() -> None:
     "after a cache-only replay of what came before (an approximation; docs/sharding.md). "
     "[default: 1, unsharded]",
 )
-@click.option(
-    "--warmup",
-    "warmup_s",
-    type=float,
-    default=60.0,
-    show_default=True,
-    help="With --shards: seconds of timed simulation before each window, not counted.",
-)
+@warmup_option
 @click.option(
     "--executor",
     type=click.Choice(["local", "ray"]),

@@ -88,6 +88,21 @@ def _run(replicas: int, hbm_blocks: int, dram_blocks: int):
     return resolve_engine(config, model, profile)
 
 
+def _trace(reqs: list[tuple[int, int, int, int]]):
+    """One request a minute: a shared prefix, its own prompt tokens after it, a reply."""
+    return make_trace(
+        [
+            Req(
+                segments=[(1000 + p, 16 * blocks), *([(5000 + i, own)] if own else [])],
+                output_tokens=out,
+                arrival_s=GAP_S * i,
+                output_hash=9000 + i,
+            )
+            for i, (p, blocks, own, out) in enumerate(reqs)
+        ]
+    )
+
+
 request = st.tuples(
     st.integers(0, 5),  # which shared prefix (a system prompt, a document)
     st.integers(1, 6),  # its length in blocks
@@ -105,18 +120,9 @@ request = st.tuples(
     cut=st.floats(0.25, 0.9),
 )
 def test_warm_up_rebuilds_every_tier(reqs, replicas, hbm, dram, cut) -> None:
-    rows = [
-        Req(
-            segments=[(1000 + p, 16 * blocks), *([(5000 + i, own)] if own else [])],
-            output_tokens=out,
-            arrival_s=GAP_S * i,
-            output_hash=9000 + i,
-        )
-        for i, (p, blocks, own, out) in enumerate(reqs)
-    ]
-    trace = make_trace(rows)
+    trace = _trace(reqs)
     run = _run(replicas, hbm, dram)
-    at_s = GAP_S * int(len(rows) * cut) - 1.0
+    at_s = GAP_S * int(len(reqs) * cut) - 1.0
     assert _state_at(trace, run, at_s, warm=True) == _state_at(trace, run, at_s, warm=False)
 
 
@@ -129,18 +135,9 @@ def test_warm_up_rebuilds_every_tier(reqs, replicas, hbm, dram, cut) -> None:
 def test_the_recent_past_is_enough_under_lru(reqs, hbm, dram) -> None:
     """Replaying only the requests whose blocks fill the caches twice leaves every tier as
     replaying them all does (LRU forgets the rest)."""
-    rows = [
-        Req(
-            segments=[(1000 + p, 16 * blocks), *([(5000 + i, own)] if own else [])],
-            output_tokens=out,
-            arrival_s=GAP_S * i,
-            output_hash=9000 + i,
-        )
-        for i, (p, blocks, own, out) in enumerate(reqs)
-    ]
-    trace = make_trace(rows)
+    trace = _trace(reqs)
     run = _run(1, hbm, dram)
-    at_s = GAP_S * len(rows) - 1.0
+    at_s = GAP_S * len(reqs) - 1.0
     assert _state_at(trace, run, at_s, True, horizon=True) == _state_at(trace, run, at_s, True)
 
 

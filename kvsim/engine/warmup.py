@@ -179,14 +179,12 @@ def _replay(
         delay = float(arrival[i]) - env.now
         if delay > 0:
             yield env.timeout(delay)
-        req = workload.request(i)
+        req = workload.new_request(i)
         if workload.never_fits(req):
-            workload.live.pop(i, None)
             continue
         target = cluster.warm_choice(req, view)
         replica = fleet.replicas[target]
         hit = serve_instantly(replica.kv, req, env.now)
-        workload.live.pop(i, None)
         if hit < 0:
             continue
         view.placed(target, req, hit)
@@ -195,8 +193,7 @@ def _replay(
         # serves (one the warm-up serves finds the same blocks below in no time)
         if nxt is not None and prefetch and timed[nxt]:
             lead = max(float(arrival[nxt]) - config.prefetch_lead_s - env.now, 0.0)
-            turn = Request(nxt, int(source.input_tokens[nxt]), int(source.output_tokens[nxt]))
-            turn.hint = source.hints.at(nxt, replied=False)
+            turn = workload.new_request(nxt)
             env.timeout(lead).callbacks.append(lambda _ev, r=replica, t=turn: r.prefetch(t))
 
 

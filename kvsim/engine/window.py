@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -165,10 +164,9 @@ def _counted_between(result: RunResult, start: Counters | None, stop: Counters) 
         {k: v - before.get(k, 0) for k, v in after.items()}
         for after, before in zip(stop.replicas, start.replicas, strict=True)
     ]
-    count = len(replicas)
+    shown = ("iterations", "busy_s", "evicted_blocks", "prefetched_blocks")  # per replica
     by_replica = [
-        {**stats, "iterations": r["iterations"], "busy_s": r["busy_s"]}
-        | {"evicted_blocks": r["evicted_blocks"], "prefetched_blocks": r["prefetched_blocks"]}
+        {**stats, **{k: r[k] for k in shown}}
         for stats, r in zip(result.replicas, replicas, strict=True)
     ]
     tiers = {
@@ -186,18 +184,15 @@ def _counted_between(result: RunResult, start: Counters | None, stop: Counters) 
         queueing = moved.pop("queueing_s")
         moved["queueing_s_mean"] = queueing / transfers if transfers else 0.0
         links[name] = moved
-    total: dict[str, Any] = {
-        k: sum(r[k] for r in replicas)
-        for k in ("iterations", "coalesced_steps", "block_ops", "evicted_blocks")
-    }
+    total = {k: sum(r[k] for r in replicas) for k in replicas[0]}
     return dataclasses.replace(
         result,
         iterations=total["iterations"],
         coalesced_steps=total["coalesced_steps"],
-        busy_s=sum(r["busy_s"] for r in replicas) / count,
+        busy_s=total["busy_s"] / len(replicas),
         block_ops=total["block_ops"],
         evictions=total["evicted_blocks"],
-        prefetched_blocks=sum(r["prefetched_blocks"] for r in replicas),
+        prefetched_blocks=total["prefetched_blocks"],
         replicas=by_replica,
         tiers=tiers,
         links=links,

@@ -120,8 +120,14 @@ class Workload:
             self.comp_codes[req.index] = req.comp.code
 
     def request(self, i: int) -> Request:
+        """Request `i`, in the system from now until it is recorded."""
+        req = self.live[i] = self.new_request(i)
+        return req
+
+    def new_request(self, i: int) -> Request:
+        """Request `i` as the trace gives it (a warm-up's, which never enters the system)."""
         source = self.source
-        req = self.live[i] = Request(i, int(source.input_tokens[i]), int(source.output_tokens[i]))
+        req = Request(i, int(source.input_tokens[i]), int(source.output_tokens[i]))
         req.hint = source.hints.at(i, replied=False)
         req.reply_hint = source.hints.at(i)
         assert self._fleet is not None

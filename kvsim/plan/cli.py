@@ -12,6 +12,7 @@ import click
 
 from kvsim.atomic import AtomicFolder
 from kvsim.errors import ConfigError, KvsimError
+from kvsim.shard.options import warmup_option
 
 EXECUTORS = ("serial", "local", "ray")
 
@@ -83,14 +84,7 @@ class PlanFolder(AtomicFolder):
     help="Time-shard every run into this many windows (kvsim run --shards; an approximation, "
     "docs/sharding.md); runs that cannot be split run whole. [default: 1, unsharded]",
 )
-@click.option(
-    "--warmup",
-    "warmup_s",
-    type=float,
-    default=60.0,
-    show_default=True,
-    help="With --shards: timed warm-up seconds before each window.",
-)
+@warmup_option
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 @click.option(
     "--out",

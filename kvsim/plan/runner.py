@@ -91,10 +91,17 @@ class SweepRunner:
     for one job) or 'ray' (a local Ray, or the cluster at `ray_address`).
     """
 
-    def __init__(self, executor: str, jobs: int | None = None, ray_address: str | None = None):
+    def __init__(
+        self,
+        executor: str,
+        jobs: int | None = None,
+        ray_address: str | None = None,
+        call: Callable[[Any], Any] | None = None,
+    ):
         from kvsim.sweep import open_executor
 
-        self._executor = open_executor(executor, jobs=jobs, ray_address=ray_address)
+        extra = {} if call is None else {"call": call}  # the executor's task function
+        self._executor = open_executor(executor, jobs=jobs, ray_address=ray_address, **extra)
 
     def __call__(self, configs: Sequence[RunConfig]) -> list[Summary]:
         from kvsim.sweep import run_many
@@ -114,7 +121,7 @@ class SweepRunner:
         self.close()
 
 
-class ShardedRunner:
+class ShardedRunner(SweepRunner):
     """A runner whose every run is time-sharded (kvsim.shard): the windows of all the runs of a
     round go to one executor together, so a cluster stays busy with a round's runs and their
     windows at once. A run that cannot be split (a P/D split, KV compression) runs whole, in
@@ -128,12 +135,9 @@ class ShardedRunner:
         ray_address: str | None = None,
     ) -> None:
         from kvsim.shard.run import run_window_task
-        from kvsim.sweep import open_executor
 
+        super().__init__(executor, jobs, ray_address, call=run_window_task)
         self.sharding = sharding
-        self._executor = open_executor(
-            executor, jobs=jobs, ray_address=ray_address, call=run_window_task
-        )
 
     def __call__(self, configs: Sequence[RunConfig]) -> list[Summary]:
         import time
@@ -172,12 +176,3 @@ class ShardedRunner:
             except KvsimError as exc:
                 out[i] = {"error": str(exc)}
         return out
-
-    def close(self) -> None:
-        self._executor.close()
-
-    def __enter__(self) -> ShardedRunner:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -18,6 +18,8 @@ from kvsim.errors import ConfigError
 
 #: the most shards a run may ask for (a window per core of a large Ray cluster, and then some)
 MAX_SHARDS = 4096
+#: timed seconds before (and after) each window unless --warmup says otherwise
+WARMUP_S = 60.0
 
 
 def check_sharding(shards: object, warmup_s: object) -> None:
