@@ -14,10 +14,12 @@ towards HBM before its (estimated) arrival, as the engine does while a session t
 
 Only the recent past is replayed (`replay_horizon`): the latest requests before the window
 whose blocks, counted once each, fill the fleet's caches (HBM and every tier below)
-`HORIZON_FILLS` times over. Under LRU a cache's contents depend only on the last blocks that
-fill it, so older requests change nothing; under frequency- or history-based policies they
-change a little, which `benchmarks/bench_shards.py` measures with the rest. This keeps a
-window's cost bounded by what the caches hold, not by how far into the trace it lies.
+`HORIZON_FILLS` times over. Under LRU, HBM's contents depend only on the last blocks that
+fill it, so older requests change nothing there. A lower tier changes only when a block is
+written to it, so it may still hold a block from before the horizon that this replay leaves
+out; frequency- or history-based policies remember older requests too. Both are
+approximations `benchmarks/bench_shards.py` measures with the rest. This keeps a window's
+cost bounded by what the caches hold, not by how far into the trace it lies.
 """
 
 from __future__ import annotations
