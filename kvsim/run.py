@@ -42,7 +42,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -120,8 +120,19 @@ def run_resolved(
     return outcome_of(resolved, trace, run_engine(trace, engine, progress=progress))
 
 
+class TraceFacts(Protocol):
+    """What a summary says of the trace: a loaded `Trace`, or what a sharded run read of a
+    trace file in slices (kvsim.shard.source)."""
+
+    skipped_rows: int
+    warnings: tuple[str, ...]
+
+
 def outcome_of(
-    resolved: ResolvedRun, trace: Trace, result: RunResult, figures: dict[str, Any] | None = None
+    resolved: ResolvedRun,
+    trace: TraceFacts,
+    result: RunResult,
+    figures: dict[str, Any] | None = None,
 ) -> RunOutcome:
     """A finished run's summary (`figures`: a sharded run's own, kvsim.shard)."""
     config, model, engine = resolved.config, resolved.model, resolved.engine

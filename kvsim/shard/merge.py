@@ -19,13 +19,12 @@ from kvsim.metrics.attribution import Attribution
 from kvsim.metrics.result import RunResult
 
 
-def merge(parts: Sequence[WindowResult], rows: Sequence[np.ndarray]) -> RunResult:
-    """One result from the windows' (in window order); `rows[k]` maps window k's rows to the
-    whole trace's."""
+def merge(parts: Sequence[WindowResult]) -> RunResult:
+    """One result from the windows' (in window order; their rows are the whole trace's)."""
     if len(parts) == 1:
         return parts[0].result
     results = [p.result for p in parts]
-    index = np.concatenate([r[p.rows] for p, r in zip(parts, rows, strict=True)])
+    index = np.concatenate([p.rows for p in parts])
     order = pa.array(np.argsort(index, kind="stable"))
     requests = pa.concat_tables([r.requests for r in results]).take(order)
     first = min((p.first_s for p in parts if p.rows.size), default=0.0)

@@ -41,34 +41,64 @@ def service_s(cost: CostModel, input_tokens: np.ndarray, output_tokens: np.ndarr
     return out
 
 
+def follow_chains(
+    new: np.ndarray,
+    service: np.ndarray,
+    rows: np.ndarray,
+    prev: np.ndarray,
+    think: np.ndarray,
+    turn: np.ndarray,
+) -> None:
+    """In place: each of `rows` whose `prev` (the row of the turn before it, -1: none) is set
+    gets the previous turn's estimate, plus its service time, plus its own think time
+    (`prev`, `think` and `turn` are per row of `rows`; `new` and `service` by row).
+
+    One row at a time in effect (turn by turn, so a previous turn is estimated first), so a
+    run that re-times its trace in batches (kvsim.shard.source) gets the same bits as one
+    that re-times it whole."""
+    chained = prev >= 0
+    if not chained.any():
+        return
+    rows, prev, think, turn = rows[chained], prev[chained], think[chained], turn[chained]
+    for k in np.unique(turn):
+        at = turn == k
+        p = prev[at]
+        new[rows[at]] = (new[p] + service[p]) + think[at]
+
+
+def previous_turns(session: np.ndarray, turn: np.ndarray, closed: np.ndarray) -> np.ndarray:
+    """Per row, the row of its session's turn before it when the row is a closed-loop turn,
+    else -1."""
+    order = np.lexsort((turn, session))
+    s, k = session[order], turn[order]
+    follows = np.zeros(len(order), dtype=bool)
+    follows[1:] = closed[order][1:] & (s[1:] == s[:-1]) & (k[1:] == k[:-1] + 1)
+    prev = np.full(len(order), -1, dtype=np.int64)
+    prev[order[1:][follows[1:]]] = order[:-1][follows[1:]]
+    return prev
+
+
+def closed_loop(table: pa.Table) -> np.ndarray:
+    """Rows that arrive a think time after their previous turn finishes."""
+    think = table.column("think_time_s").is_valid().to_numpy(zero_copy_only=False)
+    return think & (table.column("turn").to_numpy() > 0)
+
+
 def retimed(trace: Trace, cost: CostModel, chunk: int) -> Trace:
     """`trace` with each closed-loop turn's ``arrival_s`` re-estimated (see the module
     docstring); a trace without closed-loop turns comes back as it is."""
     t = trace.table
-    think = t.column("think_time_s")
-    turn = t.column("turn").to_numpy()
-    closed = think.is_valid().to_numpy(zero_copy_only=False) & (turn > 0)
+    closed = closed_loop(t)
     if not closed.any():
         return trace
-    session = t.column("session_id").to_numpy()
-    arrival = t.column("arrival_s").to_numpy().astype(np.float64)
-    order = np.lexsort((turn, session))
-    s, k = session[order], turn[order]
-    # a closed-loop row follows the row before it in (session, turn) order, if that is its
-    # previous turn; any other row starts a chain at its own time
-    follows = np.zeros(len(order), dtype=bool)
-    follows[1:] = closed[order][1:] & (s[1:] == s[:-1]) & (k[1:] == k[:-1] + 1)
-    inputs = t.column("input_tokens").to_numpy()[order]
-    outputs = t.column("output_tokens").to_numpy()[order]
-    service = service_s(cost, inputs, outputs, chunk)
-    step = np.zeros(len(order))
-    step[1:] = service[:-1] + think.fill_null(0.0).to_numpy()[order][1:]
-    step[~follows] = 0.0
-    run = np.cumsum(step)
-    start = np.maximum.accumulate(np.where(~follows, np.arange(len(order)), 0))
-    estimate = arrival[order][start] + run - run[start]
-    new = arrival.copy()
-    new[order] = estimate
+    turn = t.column("turn").to_numpy()
+    prev = previous_turns(t.column("session_id").to_numpy(), turn, closed)
+    service = service_s(
+        cost, t.column("input_tokens").to_numpy(), t.column("output_tokens").to_numpy(), chunk
+    )
+    think = t.column("think_time_s").fill_null(0.0).to_numpy()
+    new = t.column("arrival_s").to_numpy().astype(np.float64)
+    follow_chains(new, service, np.arange(len(new)), prev, think, turn)
     column = t.schema.get_field_index("arrival_s")
     table = t.set_column(column, t.schema.field(column), pa.array(new))
     return dataclasses.replace(trace, table=table)

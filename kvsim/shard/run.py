@@ -1,15 +1,17 @@
 """`kvsim run --shards N`: one run split into consecutive time windows, simulated in parallel.
 
 Each window (kvsim.shard.windows) runs in its own worker (a local process pool or Ray, the
-executors `kvsim sweep` uses): the worker loads the trace, re-times its closed-loop turns as the
-caller did (kvsim.shard.retime) and keeps the requests up to the window's end plus its warm-up;
-it replays the recent requests before the window's timed start cache-only to rebuild every
-tier's contents (kvsim.engine.warmup), runs the timed engine from ``--warmup`` seconds before
-the window (so queues and batches form again), counts the requests that arrive in the window
-and follows them until they finish (kvsim.engine.window). The windows' results are merged
-(kvsim.shard.merge) into the files and summary keys of an unsharded run, with ``shards``,
-``warmup_s``, per-window wall, CPU and memory, and ``sharding`` (what was approximated) added.
-One shard is the unsharded run, bit for bit.
+executors `kvsim sweep` uses). The worker reads the part of the trace its window needs
+(kvsim.shard.source): a canonical Parquet file is re-timed once by the caller, streamed into a
+copy, and each worker reads only its slice's row groups; any other trace is loaded and
+re-timed (kvsim.shard.retime) by the worker as by the caller. It replays the recent requests
+before the window's timed start cache-only to rebuild every tier's contents
+(kvsim.engine.warmup), runs the timed engine from ``--warmup`` seconds before the window (so
+queues and batches form again), counts the requests that arrive in the window and follows them
+until they finish (kvsim.engine.window). The windows' results are merged (kvsim.shard.merge)
+into the files and summary keys of an unsharded run, with ``shards``, ``warmup_s``, per-window
+wall, CPU and memory, and ``sharding`` (what was approximated) added. One shard is the
+unsharded run, bit for bit.
 
 What this approximates, and `benchmarks/bench_shards.py` measures: the requests before a window
 reach the caches in arrival order, one at a time and in no time, so their effect on the caches
@@ -21,15 +23,12 @@ arrives at its estimated time.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import socket
 import time
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from kvsim.config import RunConfig
 from kvsim.engine.simulation import ProgressFn, run_window
@@ -38,6 +37,15 @@ from kvsim.errors import ConfigError, KvsimError
 from kvsim.resolve import ResolvedRun, resolve
 from kvsim.shard.merge import merge
 from kvsim.shard.retime import retimed
+from kvsim.shard.source import (
+    InMemory,
+    Retimed,
+    Rows,
+    TraceFile,
+    stream_retimed,
+    streamable,
+    window_trace,
+)
 from kvsim.shard.windows import check_sharding, windows
 from kvsim.traces import Trace, load_trace
 
@@ -69,6 +77,7 @@ class WindowTask:
     index: int
     config: RunConfig  # resolved
     window: Window
+    file: TraceFile | None = None  # the re-timed trace file to read a slice of (None: load it)
 
 
 @dataclass
@@ -94,10 +103,13 @@ def run_window_task(task: WindowTask) -> WindowOutcome:
     result, error = None, None
     try:
         resolved = resolve(task.config)
-        trace = cached_trace(task.config)
-        if not task.window.whole:  # as `ShardedRun.cut` cut it
-            trace = retimed_trace(resolved, trace)
-        result = run_resolved_window(resolved, trace, task.window)
+        if task.file is not None:
+            result = run_rows_window(resolved, task.file, task.window)
+        else:
+            trace = cached_trace(task.config)
+            if not task.window.whole:  # as `ShardedRun.cut` cut it
+                trace = retimed_trace(resolved, trace)
+            result = run_resolved_window(resolved, trace, task.window)
     except KvsimError as exc:
         error = one_line(str(exc))
     except Exception as exc:  # a bug in kvsim or a plugin
@@ -120,9 +132,8 @@ def _window_failed(task: WindowTask, message: str) -> WindowOutcome:
 run_window_task.failed = _window_failed  # type: ignore[attr-defined]
 
 
-def retimed_trace(resolved: ResolvedRun, trace: Trace) -> Trace:
-    """`trace` with closed-loop turns re-timed by this run's cost model (kvsim.shard.retime);
-    a worker re-times the trace it loads just as the caller did, so both cut it alike."""
+def run_cost_model(resolved: ResolvedRun) -> tuple[Any, int]:
+    """The run's cost model and prefill chunk, which re-time closed-loop turns."""
     from kvsim.costmodel import make_cost_model
 
     config = resolved.engine.config
@@ -134,25 +145,33 @@ def retimed_trace(resolved: ResolvedRun, trace: Trace) -> Trace:
         weight_dtype=config.weight_dtype,
         engine=resolved.engine.engine,
     )
-    return retimed(trace, cost, config.max_num_batched_tokens)
+    return cost, config.max_num_batched_tokens
 
 
-def window_rows(trace: Trace, window: Window) -> np.ndarray:
-    """The rows of `trace` a window's engine is given: every request arriving before its end
-    plus its warm-up."""
-    arrival = trace.table.column("arrival_s").to_numpy()
-    return np.flatnonzero(arrival < window.served_until_s)
+def retimed_trace(resolved: ResolvedRun, trace: Trace) -> Trace:
+    """`trace` with closed-loop turns re-timed by this run's cost model (kvsim.shard.retime);
+    a worker re-times the trace it loads just as the caller did, so both cut it alike."""
+    return retimed(trace, *run_cost_model(resolved))
 
 
 def run_resolved_window(
     resolved: ResolvedRun, trace: Trace, window: Window, progress: ProgressFn | None = None
 ) -> WindowResult:
     """One window of `trace` under a resolved config (in this process)."""
-    if not window.whole:
-        rows = window_rows(trace, window)
-        if rows.size < trace.table.num_rows:
-            trace = dataclasses.replace(trace, table=trace.table.take(rows))
-    return run_window(trace, resolved.engine, window, progress)
+    if window.whole:
+        return run_window(trace, resolved.engine, window, progress)
+    return run_rows_window(resolved, InMemory(trace), window, progress)
+
+
+def run_rows_window(
+    resolved: ResolvedRun, rows: Rows, window: Window, progress: ProgressFn | None = None
+) -> WindowResult:
+    """One window, on the slice of `rows` it needs (kvsim.shard.source.window_trace); its
+    result's rows are the whole trace's."""
+    trace, where = window_trace(rows, window, resolved.engine)
+    part = run_window(trace, resolved.engine, window, progress)
+    part.rows = where[part.rows]
+    return part
 
 
 def unshardable(resolved: ResolvedRun) -> str | None:
@@ -181,15 +200,18 @@ def check_shardable(resolved: ResolvedRun, sharding: Sharding) -> None:
 
 @dataclass
 class ShardedRun:
-    """One run cut into windows: the tasks to hand to workers, and how their outcomes merge."""
+    """One run cut into windows: the tasks to hand to workers, and how their outcomes merge.
+    `trace` is the loaded trace (re-timed when sharded), or a trace file's `Retimed` copy,
+    which windows read in slices; either says what the summary says of the trace."""
 
     resolved: ResolvedRun
     sharding: Sharding
-    trace: Trace  # re-timed when sharded
+    trace: Trace | Retimed
     windows: list[Window]
 
     @classmethod
     def cut(cls, resolved: ResolvedRun, sharding: Sharding, trace: Trace) -> ShardedRun:
+        """Windows over a loaded trace."""
         check_shardable(resolved, sharding)
         if sharding.shards > 1:
             trace = retimed_trace(resolved, trace)
@@ -197,10 +219,38 @@ class ShardedRun:
         cut = windows(arrival, sharding.shards, sharding.warmup_s, resolved.config.trace)
         return cls(resolved, sharding, trace, cut)
 
+    @classmethod
+    def cut_file(cls, resolved: ResolvedRun, sharding: Sharding) -> ShardedRun | None:
+        """Windows over the run's trace file, read in slices (kvsim.shard.source); None when
+        the run's trace is not such a file, or sharding does not split it."""
+        from kvsim.run import trace_options
+
+        config = resolved.config
+        options = trace_options(config)
+        if sharding.shards == 1 or not streamable(config.trace, options):
+            return None
+        check_shardable(resolved, sharding)
+        cost, chunk = run_cost_model(resolved)
+        copy = stream_retimed(config.trace, cost, chunk, options["max_requests"])
+        if copy is None:
+            return None
+        try:
+            cut = windows(copy.arrival_s, sharding.shards, sharding.warmup_s, config.trace)
+        except BaseException:
+            copy.close()
+            raise
+        return cls(resolved, sharding, copy, cut)
+
     def tasks(self, first_index: int = 0) -> list[WindowTask]:
         """A task per window, numbered from `first_index` (a plan runs many runs' at once)."""
         config = self.resolved.config
-        return [WindowTask(first_index + k, config, w) for k, w in enumerate(self.windows)]
+        file = self.trace.file if isinstance(self.trace, Retimed) else None
+        return [WindowTask(first_index + k, config, w, file) for k, w in enumerate(self.windows)]
+
+    def close(self) -> None:
+        """Remove the re-timed copy, if any."""
+        if isinstance(self.trace, Retimed):
+            self.trace.close()
 
     def merge(self, outcomes: list[WindowOutcome], wall_s: float) -> tuple[Any, dict[str, Any]]:
         """(the merged RunResult, the sharding figures for the summary: shards, warmup_s,
@@ -208,9 +258,7 @@ class ShardedRun:
         for k, outcome in enumerate(outcomes):
             if outcome.error is not None:
                 raise ShardError(f"shard {k + 1} of {len(outcomes)}: {outcome.error}")
-        n = self.trace.table.num_rows
-        rows = [window_rows(self.trace, w) if not w.whole else np.arange(n) for w in self.windows]
-        result = merge([o.result for o in outcomes], rows)  # type: ignore[misc]
+        result = merge([o.result for o in outcomes])  # type: ignore[misc]
         result.wall_s = wall_s
         sharding = self.sharding
         figures: dict[str, Any] = {"shards": sharding.shards, "warmup_s": float(sharding.warmup_s)}
@@ -230,32 +278,41 @@ def run_sharded(
     *,
     trace: Trace | None = None,
     progress: ProgressFn | None = None,
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[Any, dict[str, Any], Trace | Retimed]:
     """Run `resolved` as `sharding` says; returns (the merged RunResult, sharding figures for
-    the summary)."""
+    the summary, what was read of the trace). A trace file not given loaded is read in
+    slices when it can be (kvsim.shard.source)."""
     from kvsim.run import trace_options
     from kvsim.sweep.executors import open_executor
 
-    if trace is None:
-        trace = load_trace(resolved.config.trace, **trace_options(resolved.config))
-    sharded = ShardedRun.cut(resolved, sharding, trace)
-    wall = time.perf_counter()
-    count = len(sharded.windows)
-    if count == 1:
-        outcomes = [_here(resolved, sharded.trace, sharded.windows[0], progress)]
-        return sharded.merge(outcomes, time.perf_counter() - wall)
-    jobs = sharding.jobs or min(count, os.cpu_count() or 1)
-    outcomes = [WindowOutcome(k, None, "not run", math.nan, None, "") for k in range(count)]
-    with open_executor(
-        sharding.executor, jobs=jobs, ray_address=sharding.ray_address, call=run_window_task
-    ) as executor:
-        for done, outcome in enumerate(executor.run(sharded.tasks()), 1):
-            if outcome.error is not None:
-                raise ShardError(f"shard {outcome.index + 1} of {count}: {outcome.error}")
-            outcomes[outcome.index] = outcome
-            if progress is not None:
-                progress(done, count)
-    return sharded.merge(outcomes, time.perf_counter() - wall)
+    sharded = None if trace is not None else ShardedRun.cut_file(resolved, sharding)
+    if sharded is None:
+        if trace is None:
+            trace = load_trace(resolved.config.trace, **trace_options(resolved.config))
+        sharded = ShardedRun.cut(resolved, sharding, trace)
+    try:
+        wall = time.perf_counter()
+        count = len(sharded.windows)
+        if count == 1:
+            assert isinstance(sharded.trace, Trace)
+            outcomes = [_here(resolved, sharded.trace, sharded.windows[0], progress)]
+            result, figures = sharded.merge(outcomes, time.perf_counter() - wall)
+            return result, figures, sharded.trace
+        jobs = sharding.jobs or min(count, os.cpu_count() or 1)
+        outcomes = [WindowOutcome(k, None, "not run", math.nan, None, "") for k in range(count)]
+        with open_executor(
+            sharding.executor, jobs=jobs, ray_address=sharding.ray_address, call=run_window_task
+        ) as executor:
+            for done, outcome in enumerate(executor.run(sharded.tasks()), 1):
+                if outcome.error is not None:
+                    raise ShardError(f"shard {outcome.index + 1} of {count}: {outcome.error}")
+                outcomes[outcome.index] = outcome
+                if progress is not None:
+                    progress(done, count)
+        result, figures = sharded.merge(outcomes, time.perf_counter() - wall)
+        return result, figures, sharded.trace
+    finally:
+        sharded.close()
 
 
 def _here(
@@ -290,10 +347,8 @@ def run_resolved_split(
     trace: Trace | None = None,
 ) -> Any:
     """`run_split` for a config `kvsim.resolve.resolve` has already checked."""
-    from kvsim.run import outcome_of, trace_options
+    from kvsim.run import outcome_of
 
     check_shardable(resolved, sharding)
-    if trace is None:
-        trace = load_trace(resolved.config.trace, **trace_options(resolved.config))
-    result, figures = run_sharded(resolved, sharding, trace=trace, progress=progress)
-    return outcome_of(resolved, trace, result, figures)
+    result, figures, read = run_sharded(resolved, sharding, trace=trace, progress=progress)
+    return outcome_of(resolved, read, result, figures)

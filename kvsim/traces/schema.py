@@ -62,6 +62,7 @@ __all__ = [
     "TRACE_SCHEMA",
     "SegmentColumns",
     "Trace",
+    "check_rows",
     "drop_bad_rows",
     "make_trace_table",
     "read_trace",
@@ -500,6 +501,19 @@ def _turn_positions(session: np.ndarray) -> np.ndarray:
     expected = np.empty_like(order)
     expected[order] = np.arange(order.size) - group_start
     return expected
+
+
+def check_rows(table: pa.Table, source: str, first_row: int = 0) -> None:
+    """The checks of `validate_trace` that hold row by row (columns, counts, times, segments),
+    for a batch of a file read in batches: rows are named from `first_row`. What needs the
+    whole table (order, unique ids, turns in order) is the reader's to check."""
+    _check_columns(table, source)
+    if table.num_rows == 0:
+        return
+    _, firsts = _row_problems(table)
+    if firsts:
+        row, field, message = min(firsts, key=lambda f: f[0])
+        _fail(source, first_row + row, field, message)
 
 
 def validate_trace(table: pa.Table, source: str) -> None:
