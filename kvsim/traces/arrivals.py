@@ -68,7 +68,10 @@ class _RenewalProcess(ArrivalProcess):
         if self._first and n:
             gaps[0] = 0.0  # the first session starts the trace
             self._first = False
-        times = self._t + np.cumsum(gaps)
+        # The running sum continues from the last time, so draws in pieces add in the same order
+        # as one whole draw and give the same times bit for bit (`t + cumsum` would round
+        # differently); the first draw starts from 0.0, and 0.0 + x is x.
+        times = np.cumsum(np.concatenate(([self._t], gaps)))[1:]
         if n:
             self._t = float(times[-1])
         return times
