@@ -29,8 +29,13 @@ from kvsim.traces.schema import (
 __all__ = ["convert_to_parquet", "read_trace_warnings"]
 
 
-def convert_to_parquet(source: Chunked | Trace, out: str | Path) -> tuple[int, int]:
+def convert_to_parquet(
+    source: Chunked | Trace, out: str | Path, *, max_requests: int | None = None
+) -> tuple[int, int]:
     """Write `source` as a canonical Parquet file; returns (requests written, rows skipped).
+
+    `max_requests` keeps the first N requests in canonical order (as `load_trace` does), and
+    stops reading the source once they are written.
 
     An output path that cannot be written (a missing folder, no permission) is a one-line
     KvsimError, checked before any source row is read. The file is written beside `out` and
@@ -42,17 +47,21 @@ def convert_to_parquet(source: Chunked | Trace, out: str | Path) -> tuple[int, i
         raise KvsimError(f"{out}: folder {out.parent} does not exist; create it first")
     if out.is_dir():
         raise KvsimError(f"{out}: is a folder; give a file name such as trace.parquet")
+    if max_requests is not None and max_requests < 1:
+        raise KvsimError(f"option 'max_requests' must be >= 1, got {max_requests!r}")
     check_writable(out.parent, "the trace")
     counts: list[tuple[int, int]] = []
-    write_file(out, lambda tmp: counts.append(_convert(source, tmp)), what="the trace")
+    write_file(out, lambda tmp: counts.append(_convert(source, tmp, max_requests)),
+               what="the trace")  # fmt: skip
     return counts[0]
 
 
-def _convert(source: Chunked | Trace, out: Path) -> tuple[int, int]:
-    """Write `source` to `out` (a temporary of `convert_to_parquet`)."""
+def _convert(source: Chunked | Trace, out: Path, cap: int | None) -> tuple[int, int]:
+    """Write `source` to `out` (a temporary of `convert_to_parquet`), at most `cap` rows."""
     if isinstance(source, Trace):
-        write_trace(source, out)
-        return len(source), source.skipped_rows
+        table = source.table if cap is None else source.table.slice(0, cap)
+        write_trace(table, out)
+        return table.num_rows, source.skipped_rows
     meta = _metadata(source.name, source.native_block_size, source.description)
     schema = TRACE_SCHEMA.with_metadata(meta)
     pending = Requests.empty()
@@ -62,9 +71,9 @@ def _convert(source: Chunked | Trace, out: Path) -> tuple[int, int]:
 
         def emit(req: Requests) -> None:
             nonlocal written
+            req = req.take(req.order()[: None if cap is None else cap - written])
             if not len(req):
                 return
-            req = req.take(req.order())
             table = req.to_table(
                 name=source.name,
                 native_block_size=source.native_block_size,
@@ -81,8 +90,12 @@ def _convert(source: Chunked | Trace, out: Path) -> tuple[int, int]:
             ready = pending.arrival_s < frontier
             emit(pending.take(ready))
             pending = pending.take(~ready)
+            if written == cap:  # the first `cap` rows are written; the rest would follow them
+                getattr(source.chunks, "close", lambda: None)()  # a generator: its files close
+                break
             parents.keep(pending.parent_session, pending.parent_turn)
-        emit(pending)
+        else:
+            emit(pending)
     if written == 0:
         raise source.no_requests()
     if source.errors.count:

@@ -16,13 +16,16 @@ Drawn:
   30 s (assumed; no public source). Every message has fresh content (its own hash).
 - Hints: category 'chat'; each later turn follows the turn before it; no tool calls.
 
-`write_lmsys_parquet` writes the same draws as an LMSYS-Chat-1M-format Parquet file (text of
+`stream_lmsys` yields the same trace in chunks of conversations (every random stream runs on
+across chunks), so `kvsim trace synth lmsys` writes millions of requests without building the
+table. `write_lmsys_parquet` writes the same draws as an LMSYS-Chat-1M-format Parquet file (text of
 4 bytes per token), for fixtures and the conversion benchmark.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,11 +34,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvsim.traces.arrivals import ArrivalProcess, PoissonProcess
-from kvsim.traces.common import ChatMessages, chat_requests, closed_loop_times
+from kvsim.traces.common import ChatMessages, Chunked, Requests, chat_requests
 from kvsim.traces.schema import KIND_CODES, Trace
 
 __all__ = ["LMSYS_PARQUET_SCHEMA", "LmsysParams", "draw_lmsys", "generate_lmsys",
-           "write_lmsys_parquet"]  # fmt: skip
+           "lmsys_sessions", "stream_lmsys", "write_lmsys_parquet"]  # fmt: skip
+
+#: Seconds per reply token before the next turn's think time starts (`closed_loop_times`'s).
+S_PER_OUTPUT_TOKEN = 0.02
 
 LMSYS_PARQUET_SCHEMA = pa.schema(
     [
@@ -76,26 +82,102 @@ class LmsysParams:
     think_mean_s: float = field(default=30.0, metadata={"help": "assumed; no public source"})
 
 
+class _Streams:
+    """The four random streams of a draw (turns, user lengths, reply lengths, hashes).
+
+    Each stream is drawn in order, one value per conversation or message, so conversations drawn
+    in pieces one after another get the same values as drawn at once (numpy draws these
+    distributions value by value, nothing carried between calls).
+    """
+
+    def __init__(self, params: LmsysParams, seed: int, first_session: int = 0) -> None:
+        self.params = params
+        ss = np.random.SeedSequence([seed, first_session])
+        self._turns, self._user, self._reply, self._hash = (
+            np.random.default_rng(s) for s in ss.spawn(4)
+        )
+
+    def turns(self, n: int) -> np.ndarray:
+        """Turns of the next `n` conversations."""
+        p = self.params
+        return np.minimum(self._turns.geometric(1.0 / p.mean_turns, n), p.max_turns)
+
+    def messages(self, turns: np.ndarray) -> ChatMessages:
+        """Messages `u0 a0 u1 a1 ...` of the next conversations, which have these `turns`."""
+        p = self.params
+        offsets = np.concatenate(([0], np.cumsum(2 * turns))).astype(np.int64)
+        m = int(offsets[-1])
+        is_reply = (np.arange(m) - np.repeat(offsets[:-1], 2 * turns)) % 2 == 1
+        tokens = np.empty(m, np.int64)
+        mu, sigma = _lognormal(p.user_mean_tokens, p.user_std_tokens)
+        n_user = int((~is_reply).sum())
+        tokens[~is_reply] = np.clip(np.rint(self._user.lognormal(mu, sigma, n_user)), 1,
+                                    p.user_max_tokens)  # fmt: skip
+        mu, sigma = _lognormal(p.reply_mean_tokens, p.reply_std_tokens)
+        tokens[is_reply] = np.clip(np.rint(self._reply.lognormal(mu, sigma, m - n_user)), 1,
+                                   p.reply_max_tokens)  # fmt: skip
+        kinds = np.where(is_reply, KIND_CODES["assistant"], KIND_CODES["user"]).astype(np.uint8)
+        hashes = self._hash.integers(1, np.iinfo(np.uint64).max, m, dtype=np.uint64,
+                                     endpoint=True)  # fmt: skip
+        return ChatMessages(offsets, kinds, tokens, hashes)
+
+
 def draw_lmsys(params: LmsysParams, seed: int, first_session: int = 0) -> ChatMessages:
     """Messages `u0 a0 u1 a1 ...` for `params.sessions` conversations (tokens and hashes)."""
-    ss = np.random.SeedSequence([seed, first_session])
-    r_turns, r_user, r_reply, r_hash = (np.random.default_rng(s) for s in ss.spawn(4))
-    n = params.sessions
-    turns = np.minimum(r_turns.geometric(1.0 / params.mean_turns, n), params.max_turns)
-    offsets = np.concatenate(([0], np.cumsum(2 * turns))).astype(np.int64)
-    m = int(offsets[-1])
-    is_reply = (np.arange(m) - np.repeat(offsets[:-1], 2 * turns)) % 2 == 1
-    tokens = np.empty(m, np.int64)
-    mu, sigma = _lognormal(params.user_mean_tokens, params.user_std_tokens)
-    n_user = int((~is_reply).sum())
-    tokens[~is_reply] = np.clip(np.rint(r_user.lognormal(mu, sigma, n_user)), 1,
-                                params.user_max_tokens)  # fmt: skip
-    mu, sigma = _lognormal(params.reply_mean_tokens, params.reply_std_tokens)
-    tokens[is_reply] = np.clip(np.rint(r_reply.lognormal(mu, sigma, m - n_user)), 1,
-                               params.reply_max_tokens)  # fmt: skip
-    kinds = np.where(is_reply, KIND_CODES["assistant"], KIND_CODES["user"]).astype(np.uint8)
-    hashes = r_hash.integers(1, np.iinfo(np.uint64).max, m, dtype=np.uint64, endpoint=True)
-    return ChatMessages(offsets, kinds, tokens, hashes)
+    streams = _Streams(params, seed, first_session)
+    return streams.messages(streams.turns(params.sessions))
+
+
+def _closed_loop_times(
+    req: Requests, session_start: np.ndarray, think_s: np.ndarray, run_from: float
+) -> float:
+    """`closed_loop_times`, with its running sum of steps continued from `run_from`.
+
+    Arrivals are `start + run - run[first row of the session]`, with `run` summed over the whole
+    draw, so a chunk must carry the sum of the chunks before it to round as one whole draw does;
+    `run_from` 0.0 gives `closed_loop_times` exactly. Returns the sum after these rows.
+    """
+    later = req.turn > 0
+    step = np.zeros(len(req) + 1)
+    step[0] = run_from
+    idx = np.flatnonzero(later)
+    step[idx + 1] = S_PER_OUTPUT_TOKEN * req.output_tokens[idx - 1] + think_s[idx]
+    run = np.cumsum(step)[1:]
+    first = np.maximum.accumulate(np.where(~later, np.arange(len(req)), 0))
+    req.arrival_s = np.asarray(session_start, np.float64) + run - run[first]
+    req.think_time_s = np.where(later, think_s, np.nan)
+    return float(run[-1]) if len(req) else run_from
+
+
+def _timed_chunks(
+    params: LmsysParams, seed: int, process: ArrivalProcess | None, chunk_sessions: int
+) -> Iterator[tuple[Requests, float]]:
+    """Requests of `params.sessions` conversations, `chunk_sessions` at a time, with each chunk's
+    last session start (no later chunk has a row before it).
+
+    Every random stream and the arrival process run on across chunks, so the chunks together are
+    the same rows as one chunk of every session, bit for bit.
+    """
+    streams = _Streams(params, seed)
+    process = process or PoissonProcess(params.rate, seed)
+    think_rng = np.random.default_rng([seed, 0x7468])
+    run = 0.0
+    for first in range(0, params.sessions, chunk_sessions):
+        n = min(chunk_sessions, params.sessions - first)
+        req = chat_requests(streams.messages(streams.turns(n)), np.arange(first, first + n),
+                            category="chat")  # fmt: skip
+        starts = process.draw(n)
+        think = think_rng.exponential(params.think_mean_s, len(req))
+        run = _closed_loop_times(req, starts[req.session_id - first], think, run)
+        yield req, float(starts[-1])
+
+
+def _description(params: LmsysParams, seed: int) -> str:
+    return (
+        "LMSYS-Chat-1M-like chat: turns, prompt and reply lengths drawn from published moments "
+        "(WildChat Table 1, LMSYS row); Poisson session starts and think times "
+        f"(assumed mean {params.think_mean_s:g} s) drawn with seed {seed}"
+    )
 
 
 def generate_lmsys(
@@ -107,21 +189,51 @@ def generate_lmsys(
     name: str = "lmsys",
 ) -> Trace:
     """The `lmsys` trace; same seed and params, same table."""
-    msgs = draw_lmsys(params, seed)
-    req = chat_requests(msgs, np.arange(params.sessions), category="chat")
-    process = process or PoissonProcess(params.rate, seed)
-    starts = process.draw(params.sessions)
-    think = np.random.default_rng([seed, 0x7468]).exponential(params.think_mean_s, len(req))
-    closed_loop_times(req, starts[req.session_id], think)
-    description = (
-        "LMSYS-Chat-1M-like chat: turns, prompt and reply lengths drawn from published moments "
-        "(WildChat Table 1, LMSYS row); Poisson session starts and think times "
-        f"(assumed mean {params.think_mean_s:g} s) drawn with seed {seed}"
-    )
-    table = req.to_table(name=name, native_block_size=None, description=description)
+    chunks = _timed_chunks(params, seed, process, max(params.sessions, 1))  # one chunk: all
+    req = Requests.concat([chunk for chunk, _ in chunks])
+    table = req.to_table(name=name, native_block_size=None, description=_description(params, seed))
     if max_requests is not None:
         table = table.slice(0, max_requests)
     return Trace.from_table(table)
+
+
+def lmsys_sessions(params: LmsysParams, seed: int, requests: int, chunk: int = 1 << 20) -> int:
+    """`params.sessions`, doubled until those sessions hold `requests` requests: the count that
+    `kvsim.traces.registry` generates for `max_requests=requests`.
+
+    A conversation makes one request per turn, so the turns stream alone decides, drawn in pieces
+    of `chunk` (its first values do not depend on how many are drawn).
+    """
+    if params.sessions < 1 or requests < 1:
+        raise ValueError(f"sessions and requests must be >= 1, got {params.sessions}, {requests}")
+    streams = _Streams(params, seed)
+    sessions, drawn, held = params.sessions, 0, 0
+    while True:
+        for first in range(drawn, sessions, chunk):
+            held += int(streams.turns(min(chunk, sessions - first)).sum())
+        if held >= requests:
+            return sessions
+        drawn, sessions = sessions, 2 * sessions
+
+
+def stream_lmsys(
+    params: LmsysParams,
+    *,
+    seed: int = 0,
+    process: ArrivalProcess | None = None,
+    chunk_sessions: int = 50_000,
+    name: str = "lmsys",
+) -> Chunked:
+    """`generate_lmsys(params, ...)` as a stream of chunks of `chunk_sessions` conversations.
+
+    `kvsim.traces.convert.convert_to_parquet(source, out, max_requests=N)` then writes what
+    `generate_lmsys(params, max_requests=N)` returns, holding about one chunk in memory rather
+    than the whole trace (a day at 114.6 sessions/s is 20 M requests).
+    """
+    if chunk_sessions < 1:
+        raise ValueError(f"chunk_sessions must be >= 1, got {chunk_sessions}")
+    chunks = _timed_chunks(params, seed, process, chunk_sessions)
+    return Chunked(chunks, name, None, _description(params, seed))
 
 
 def write_lmsys_parquet(

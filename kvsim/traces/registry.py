@@ -23,7 +23,7 @@ from kvsim.traces.azure import read_azure
 from kvsim.traces.common import Chunked, RowErrors
 from kvsim.traces.dynamo import read_dynamo
 from kvsim.traces.formats import ReadOptions, builtin_format_names, detect_format, get_format
-from kvsim.traces.lmsys import LmsysParams, generate_lmsys
+from kvsim.traces.lmsys import LmsysParams, generate_lmsys, lmsys_sessions, stream_lmsys
 from kvsim.traces.mooncake import load_mooncake
 from kvsim.traces.replay import collect, replay, session_starts
 from kvsim.traces.schema import Trace
@@ -39,6 +39,7 @@ __all__ = [
     "open_source",
     "register_trace",
     "run_requests",
+    "stream_lmsys_trace",
     "trace_info",
     "trace_names",
     "traces_dir",
@@ -137,11 +138,16 @@ def _sharegpt(root: Path, opts: ReadOptions) -> Trace:
     )
 
 
+def _first_sessions(sessions: int, per_session: float, want: int) -> int:
+    """How many sessions `_grow` tries first for `want` requests (a quarter to spare)."""
+    return max(sessions, math.ceil(want / per_session * 1.25) + 8)
+
+
 def _grow(make: Callable[[int], Trace], sessions: int, per_session: float, want: int | None):
     """Generate enough sessions to hold `want` requests (doubling until it does)."""
     if want is None:
         return make(sessions)
-    sessions = max(sessions, math.ceil(want / per_session * 1.25) + 8)
+    sessions = _first_sessions(sessions, per_session, want)
     while True:
         trace = make(sessions)
         if len(trace) >= want:
@@ -166,6 +172,23 @@ def _sessions(generate: Callable[..., Trace], base: Any, per_session: float) -> 
 
 _lmsys = _sessions(generate_lmsys, LmsysParams(), LmsysParams().mean_turns)
 _agentic = _sessions(generate_agentic, AgenticParams(), 9.0)  # calls per session, roughly
+
+
+def stream_lmsys_trace(
+    max_requests: int, *, seed: int = 0, rate: float | None = None, chunk_sessions: int = 50_000
+) -> Chunked:
+    """`load_trace('lmsys', max_requests=..., seed=..., rate=...)` as a stream of chunks.
+
+    The same sessions as the loader draws (`_grow`'s count, from the turns alone) and the same
+    draws; `convert_to_parquet(source, out, max_requests=max_requests)` writes the same table
+    without building it.
+    """
+    _check_options(max_requests, rate, 1.0)
+    base = LmsysParams()
+    first = _first_sessions(base.sessions, base.mean_turns, max_requests)
+    params = replace(base, sessions=first, rate=rate or base.rate)
+    params = replace(params, sessions=lmsys_sessions(params, seed, max_requests))
+    return stream_lmsys(params, seed=seed, chunk_sessions=chunk_sessions)
 
 
 def _toolagent(root: Path, opts: ReadOptions) -> Trace:
