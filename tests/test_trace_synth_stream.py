@@ -103,3 +103,15 @@ def test_max_requests_keeps_the_first_rows_of_any_source(tmp_path):
     assert pq.read_table(capped).equals(trace.table.slice(0, 10))
     with pytest.raises(KvsimError, match="'max_requests' must be >= 1"):
         convert_to_parquet(trace, capped, max_requests=0)
+
+
+def test_a_conversion_times_its_turns_alike_in_any_batch_size(tmp_path):
+    # session starts and closed-loop turns carry their running sums across batches
+    src = tmp_path / "s.parquet"
+    write_lmsys_parquet(src, 1_200, seed=4, batch=400)
+    tables = []
+    for batch in (1_200, 250, 77):
+        out = tmp_path / f"b{batch}.parquet"
+        convert_to_parquet(read_lmsys(src, batch=batch), out)
+        tables.append(pq.read_table(out))
+    assert tables[0].equals(tables[1]) and tables[0].equals(tables[2])

@@ -68,6 +68,7 @@ class ChatTiming:
     process: ArrivalProcess
     think_mean_s: float
     rng: np.random.Generator
+    run_s: float = 0.0  # closed_loop_times' running sum, carried across batches
 
     @classmethod
     def default(cls, seed: int, rate: float = 1.0, think_mean_s: float = 30.0) -> ChatTiming:
@@ -88,7 +89,9 @@ def _timed_chunk(
     req = drop_oversized_sessions(req, errors, where)
     starts = timing.process.draw(n_conv)
     think = timing.rng.exponential(timing.think_mean_s, len(req))
-    closed_loop_times(req, starts[req.session_id - session_base], think)
+    timing.run_s = closed_loop_times(
+        req, starts[req.session_id - session_base], think, run_from=timing.run_s
+    )
     return req, float(starts[-1]) if n_conv else 0.0
 
 

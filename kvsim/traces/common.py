@@ -440,22 +440,29 @@ def closed_loop_times(
     session_start: np.ndarray,
     think_s: np.ndarray,
     s_per_output_token: float = 0.02,
-) -> None:
+    run_from: float = 0.0,
+) -> float:
     """Fill times in place: turn 0 at its session's start; later turns closed-loop with `think_s`.
 
     `session_start` is indexed by row (the start of each row's session); `think_s` by row too (only
     rows with turn > 0 are used). Nominal `arrival_s` of a later turn is the previous turn's
     arrival + `s_per_output_token` x its reply + the think time (prefill and queueing ignored).
     Rows must be grouped by session in turn order.
+
+    Arrivals come from one running sum of those steps; a generator that fills its rows in chunks
+    passes the sum the chunks before returned as `run_from`, so its times round as one whole
+    draw's do (0.0: a whole draw). Returns the sum after these rows.
     """
     later = req.turn > 0
-    step = np.zeros(len(req))
+    step = np.zeros(len(req) + 1)
+    step[0] = run_from
     idx = np.flatnonzero(later)
-    step[idx] = s_per_output_token * req.output_tokens[idx - 1] + think_s[idx]
-    run = np.cumsum(step)
+    step[idx + 1] = s_per_output_token * req.output_tokens[idx - 1] + think_s[idx]
+    run = np.cumsum(step)[1:]
     first = np.maximum.accumulate(np.where(~later, np.arange(len(req)), 0))
     req.arrival_s = np.asarray(session_start, np.float64) + run - run[first]
     req.think_time_s = np.where(later, think_s, np.nan)
+    return float(run[-1]) if len(req) else run_from
 
 
 def drop_oversized_sessions(

@@ -34,14 +34,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvsim.traces.arrivals import ArrivalProcess, PoissonProcess
-from kvsim.traces.common import ChatMessages, Chunked, Requests, chat_requests
+from kvsim.traces.common import ChatMessages, Chunked, Requests, chat_requests, closed_loop_times
 from kvsim.traces.schema import KIND_CODES, Trace
 
 __all__ = ["LMSYS_PARQUET_SCHEMA", "LmsysParams", "draw_lmsys", "generate_lmsys",
            "lmsys_sessions", "stream_lmsys", "write_lmsys_parquet"]  # fmt: skip
 
-#: Seconds per reply token before the next turn's think time starts (`closed_loop_times`'s).
-S_PER_OUTPUT_TOKEN = 0.02
 
 LMSYS_PARQUET_SCHEMA = pa.schema(
     [
@@ -128,27 +126,6 @@ def draw_lmsys(params: LmsysParams, seed: int, first_session: int = 0) -> ChatMe
     return streams.messages(streams.turns(params.sessions))
 
 
-def _closed_loop_times(
-    req: Requests, session_start: np.ndarray, think_s: np.ndarray, run_from: float
-) -> float:
-    """`closed_loop_times`, with its running sum of steps continued from `run_from`.
-
-    Arrivals are `start + run - run[first row of the session]`, with `run` summed over the whole
-    draw, so a chunk must carry the sum of the chunks before it to round as one whole draw does;
-    `run_from` 0.0 gives `closed_loop_times` exactly. Returns the sum after these rows.
-    """
-    later = req.turn > 0
-    step = np.zeros(len(req) + 1)
-    step[0] = run_from
-    idx = np.flatnonzero(later)
-    step[idx + 1] = S_PER_OUTPUT_TOKEN * req.output_tokens[idx - 1] + think_s[idx]
-    run = np.cumsum(step)[1:]
-    first = np.maximum.accumulate(np.where(~later, np.arange(len(req)), 0))
-    req.arrival_s = np.asarray(session_start, np.float64) + run - run[first]
-    req.think_time_s = np.where(later, think_s, np.nan)
-    return float(run[-1]) if len(req) else run_from
-
-
 def _timed_chunks(
     params: LmsysParams, seed: int, process: ArrivalProcess | None, chunk_sessions: int
 ) -> Iterator[tuple[Requests, float]]:
@@ -168,7 +145,7 @@ def _timed_chunks(
                             category="chat")  # fmt: skip
         starts = process.draw(n)
         think = think_rng.exponential(params.think_mean_s, len(req))
-        run = _closed_loop_times(req, starts[req.session_id - first], think, run)
+        run = closed_loop_times(req, starts[req.session_id - first], think, run_from=run)
         yield req, float(starts[-1])
 
 
