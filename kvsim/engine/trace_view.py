@@ -67,6 +67,7 @@ class TraceRequests:
                 self.block_size,
             )
             ids = first_seen_ids(blocks)
+            del blocks  # 8 bytes a block, before the narrow copy
             self._id_span = int(ids.max(initial=0)) + 1
             narrow = np.int32 if self._id_span < np.iinfo(np.int32).max else np.int64
             self._ids = (block_offsets, ids.astype(narrow))

@@ -216,21 +216,37 @@ def fleet_capacity_blocks(fleet: Fleet) -> int:
     return total
 
 
+#: requests whose blocks `replay_horizon` counts at once (a window can reach back millions)
+HORIZON_ROWS = 65_536
+
+
 def replay_horizon(source: TraceRequests, rows: np.ndarray, capacity_blocks: int) -> np.ndarray:
     """The latest of `rows` (by arrival) whose distinct blocks reach `HORIZON_FILLS` times
-    `capacity_blocks`: all of them when they never do."""
+    `capacity_blocks`: all of them when they never do. Counted `HORIZON_ROWS` requests at a
+    time against a mark per block id, so the memory is a byte a block id, not a copy of every
+    chain."""
     if not rows.size:
         return rows
     order = rows[np.argsort(-source.arrival_s[rows], kind="stable")]  # latest first
     offsets, ids = source.block_ids()
-    lengths = offsets[order + 1] - offsets[order]
-    ends = np.cumsum(lengths)
-    if not ends[-1]:
-        return rows
-    starts = np.repeat(offsets[order] - (ends - lengths), lengths)
-    stream = ids[starts + np.arange(ends[-1])]
-    first = np.zeros(stream.size, dtype=bool)
-    first[np.unique(stream, return_index=True)[1]] = True
-    distinct = np.cumsum(first)[ends - 1]  # distinct blocks of the latest 1, 2, ... requests
-    enough = np.flatnonzero(distinct >= HORIZON_FILLS * capacity_blocks)
-    return order if not enough.size else order[: enough[0] + 1]
+    seen = np.zeros(int(ids.max(initial=0)) + 1, dtype=bool)
+    target = HORIZON_FILLS * capacity_blocks
+    distinct = 0
+    for a in range(0, order.size, HORIZON_ROWS):
+        part = order[a : a + HORIZON_ROWS]
+        lengths = offsets[part + 1] - offsets[part]
+        ends = np.cumsum(lengths)
+        if not ends.size or not ends[-1]:
+            continue
+        starts = np.repeat(offsets[part] - (ends - lengths), lengths)
+        stream = ids[starts + np.arange(ends[-1])]
+        first = np.zeros(stream.size, dtype=bool)
+        first[np.unique(stream, return_index=True)[1]] = True
+        first &= ~seen[stream]
+        seen[stream] = True
+        counts = distinct + np.cumsum(first)[ends - 1]  # distinct blocks of the latest 1, 2, ...
+        enough = np.flatnonzero((counts >= target) & (lengths > 0))
+        if enough.size:
+            return order[: a + enough[0] + 1]
+        distinct = int(counts[-1])
+    return order
