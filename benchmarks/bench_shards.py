@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=16)
     parser.add_argument("--router", default="round-robin")
     parser.add_argument("--tiers", default="hbm,dram")
+    parser.add_argument("--tier-capacity", default="", help="per node, e.g. dram=256GiB")
     parser.add_argument("--rate-scale", type=float, default=1.0)
     parser.add_argument("--shards", default="2,4,8,16")
     parser.add_argument("--warmups", default="0,60,300")
@@ -105,7 +106,12 @@ def main() -> None:
         rate_scale=args.rate_scale,
         slo_ttft_s=args.slo_ttft,
         slo_tpot_s=args.slo_tpot,
-        engine=EngineConfig(replicas=args.replicas, router=args.router, tiers=args.tiers),
+        engine=EngineConfig(
+            replicas=args.replicas,
+            router=args.router,
+            tiers=args.tiers,
+            tier_capacity=args.tier_capacity,
+        ),
     )
     start, cpu = time.perf_counter(), time.process_time()
     base = run(config)

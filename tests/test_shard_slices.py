@@ -4,7 +4,9 @@ file's own row."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -124,3 +126,22 @@ def test_a_bad_row_is_named_by_its_place_in_the_file(lmsys_file, tmp_path) -> No
     with pytest.raises(TraceError) as sliced:
         run_split(_config(str(bad)), Sharding(3, jobs=1))
     assert "row 437" in str(sliced.value) and str(sliced.value) == str(whole.value)
+
+
+def test_a_plan_re_times_the_file_once_and_its_runs_are_the_sharded_runs(lmsys_file) -> None:
+    from kvsim.plan.runner import ShardedRunner
+
+    sharding = Sharding(3, warmup_s=10, jobs=1)
+    configs = [_config(lmsys_file), dataclasses.replace(_config(lmsys_file), max_requests=900)]
+    configs.append(
+        dataclasses.replace(configs[0], engine=dataclasses.replace(configs[0].engine, replicas=2))
+    )
+    with ShardedRunner(sharding, "local", jobs=1) as runner:
+        summaries = runner(configs)
+        copies = [c for c in runner._copies.values() if c is not None]
+        assert len(copies) == 2  # one per request count; the replica count shares it
+        folders = [Path(c.file.path).parent for c in copies]
+    assert not any(f.exists() for f in folders)  # removed with the runner
+    drop = lambda s: {k: v for k, v in s.items() if k not in MACHINE}  # noqa: E731
+    for config, summary in zip(configs, summaries, strict=True):
+        assert drop(summary) == drop(run_split(config, sharding).summary)

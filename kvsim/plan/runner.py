@@ -138,6 +138,15 @@ class ShardedRunner(SweepRunner):
 
         super().__init__(executor, jobs, ray_address, call=run_window_task)
         self.sharding = sharding
+        # a trace file re-timed once per cost model, read in slices by every run of the plan
+        self._copies: dict[tuple[Any, ...], Any] = {}
+
+    def close(self) -> None:
+        for copy in self._copies.values():
+            if copy is not None:
+                copy.close()
+        self._copies.clear()
+        super().close()
 
     def __call__(self, configs: Sequence[RunConfig]) -> list[Summary]:
         import time
@@ -156,7 +165,9 @@ class ShardedRunner(SweepRunner):
                 sharding = self.sharding
                 if unshardable(resolved) is not None:
                     sharding = dataclasses.replace(sharding, shards=1)
-                run = ShardedRun.cut(resolved, sharding, cached_trace(resolved.config))
+                run = ShardedRun.cut_file(resolved, sharding, self._copies) or ShardedRun.cut(
+                    resolved, sharding, cached_trace(resolved.config)
+                )
             except KvsimError as exc:
                 out[i] = {"error": str(exc)}
                 continue

@@ -208,6 +208,7 @@ class ShardedRun:
     sharding: Sharding
     trace: Trace | Retimed
     windows: list[Window]
+    owns_copy: bool = True  # a re-timed copy is removed by `close`
 
     @classmethod
     def cut(cls, resolved: ResolvedRun, sharding: Sharding, trace: Trace) -> ShardedRun:
@@ -220,9 +221,16 @@ class ShardedRun:
         return cls(resolved, sharding, trace, cut)
 
     @classmethod
-    def cut_file(cls, resolved: ResolvedRun, sharding: Sharding) -> ShardedRun | None:
+    def cut_file(
+        cls,
+        resolved: ResolvedRun,
+        sharding: Sharding,
+        copies: dict[tuple[Any, ...], Retimed | None] | None = None,
+    ) -> ShardedRun | None:
         """Windows over the run's trace file, read in slices (kvsim.shard.source); None when
-        the run's trace is not such a file, or sharding does not split it."""
+        the run's trace is not such a file, or sharding does not split it. `copies`: re-timed
+        copies to share between runs of one trace and cost model (a plan's); their owner
+        closes them, else the run does (`close`)."""
         from kvsim.run import trace_options
 
         config = resolved.config
@@ -231,15 +239,33 @@ class ShardedRun:
             return None
         check_shardable(resolved, sharding)
         cost, chunk = run_cost_model(resolved)
-        copy = stream_retimed(config.trace, cost, chunk, options["max_requests"])
+        engine = resolved.engine.config
+        key = (
+            config.trace,
+            options["max_requests"],
+            resolved.model.name,
+            resolved.profile.name,
+            engine.tp,
+            engine.kv_dtype,
+            engine.weight_dtype,
+            str(resolved.engine.engine.source_path),
+            chunk,
+        )
+        if copies is not None and key in copies:
+            copy = copies[key]
+        else:
+            copy = stream_retimed(config.trace, cost, chunk, options["max_requests"])
+            if copies is not None:
+                copies[key] = copy
         if copy is None:
             return None
         try:
             cut = windows(copy.arrival_s, sharding.shards, sharding.warmup_s, config.trace)
         except BaseException:
-            copy.close()
+            if copies is None:
+                copy.close()
             raise
-        return cls(resolved, sharding, copy, cut)
+        return cls(resolved, sharding, copy, cut, owns_copy=copies is None)
 
     def tasks(self, first_index: int = 0) -> list[WindowTask]:
         """A task per window, numbered from `first_index` (a plan runs many runs' at once)."""
@@ -249,7 +275,7 @@ class ShardedRun:
 
     def close(self) -> None:
         """Remove the re-timed copy, if any."""
-        if isinstance(self.trace, Retimed):
+        if isinstance(self.trace, Retimed) and self.owns_copy:
             self.trace.close()
 
     def merge(self, outcomes: list[WindowOutcome], wall_s: float) -> tuple[Any, dict[str, Any]]:
