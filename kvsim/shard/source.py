@@ -231,7 +231,7 @@ def stream_retimed(
     re-times a loaded trace, streamed in batches into a temporary copy. None when the file's
     request ids do not number its rows in arrival order, or a closed-loop turn does not name
     the turn before it as parent: such a file is loaded whole."""
-    file = pq.ParquetFile(path)
+    file = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering keeps every batch it read
     n = (
         file.metadata.num_rows
         if max_requests is None

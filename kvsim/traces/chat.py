@@ -328,7 +328,7 @@ def read_lmsys(
     timing = timing or ChatTiming.default(0)
     errors = RowErrors(skip=skip_bad_rows)
     try:
-        pfile = pq.ParquetFile(path)
+        pfile = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering keeps what it read
     except (OSError, ValueError, pa.ArrowException) as exc:  # ValueError: bad UTF-8
         raise TraceError(f"{shown}: cannot read as Parquet: {one_line(exc)}") from None
     names = pfile.schema_arrow.names
