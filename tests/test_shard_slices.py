@@ -145,3 +145,36 @@ def test_a_plan_re_times_the_file_once_and_its_runs_are_the_sharded_runs(lmsys_f
     drop = lambda s: {k: v for k, v in s.items() if k not in MACHINE}  # noqa: E731
     for config, summary in zip(configs, summaries, strict=True):
         assert drop(summary) == drop(run_split(config, sharding).summary)
+
+
+@pytest.mark.parametrize("dram_blocks", [300, 1000, 4000])
+def test_the_horizon_found_stepping_back_is_the_engines(lmsys_file, dram_blocks) -> None:
+    from kvsim.engine.trace_view import TraceRequests
+    from kvsim.engine.warmup import replay_horizon
+
+    config = dataclasses.replace(
+        _config(lmsys_file),
+        engine=dataclasses.replace(
+            _config(lmsys_file).engine, tier_capacity=f"dram={dram_blocks * 16 * 131072}B"
+        ),
+    )
+    resolved = resolve(config)
+    trace = load_trace(lmsys_file)
+    source = TraceRequests(trace, resolved.engine.config.block_size)
+    capacity = slices.capacity_blocks(resolved.engine, trace)
+    arrival = source.arrival_s
+    found = 0
+    for start in np.quantile(arrival, [0.2, 0.5, 0.8, 0.99]):
+        warm = replay_horizon(source, np.flatnonzero(arrival < start), capacity)
+        reached = warm.size < int((arrival < start).sum())
+        expected = float(arrival[warm].min()) if reached else -math.inf
+        for rows in (slices.InMemory(trace), _file_rows(lmsys_file)):
+            assert slices.horizon_start(rows, float(start), resolved.engine) == expected
+        found += reached
+    assert found  # some horizons fall inside the trace
+
+
+def _file_rows(path: str) -> slices.TraceFile:
+    """The file itself, read in slices (its times are not re-timed: the horizon reads any)."""
+    first = float(pq.read_table(path, columns=["arrival_s"]).column(0).to_numpy().min())
+    return slices.TraceFile(path, first)

@@ -2,9 +2,10 @@
 
 A window needs the requests of its timed span and, before them, only those its cache-only
 warm-up replays (kvsim.engine.warmup.replay_horizon: the latest requests whose blocks fill the
-fleet's caches twice). `window_trace` reads back from the window's timed start, four times
-further each time, until that horizon falls inside what it read, and keeps the horizon and
-what follows it. A trace in memory and a trace file cut alike, so they give the same bits.
+fleet's caches twice). `horizon_start` finds where that horizon begins by reading back from
+the window's timed start a step at a time, counting distinct blocks by their hashes; the window
+then reads the horizon and what follows it. A trace in memory and a trace file are cut alike,
+so they give the same bits.
 
 A canonical Parquet file (`kvsim trace convert` and `kvsim trace synth` write them: sorted by
 arrival, request ids numbering the rows) is read in slices. The caller re-times its
@@ -31,15 +32,17 @@ from kvsim.costmodel import CostModel
 from kvsim.engine.assemble import RunParts, assemble
 from kvsim.engine.resolve import ResolvedEngine
 from kvsim.engine.trace_view import TraceRequests
-from kvsim.engine.warmup import fleet_capacity_blocks, replay_horizon
+from kvsim.engine.warmup import HORIZON_FILLS, fleet_capacity_blocks
 from kvsim.engine.window import Window
 from kvsim.errors import TraceError
 from kvsim.shard.retime import follow_chains, service_s
 from kvsim.traces import Trace
+from kvsim.traces.blocks import batch_sequence_block_hashes
 from kvsim.traces.schema import (
     META_SKIPPED,
     TRACE_SCHEMA,
     check_rows,
+    segment_columns,
     trace_warnings,
     with_hint_columns,
 )
@@ -48,6 +51,8 @@ from kvsim.traces.schema import (
 BATCH_ROWS = 65_536
 #: how far back (s) a window first reads before its timed start
 FIRST_LOOK_BACK_S = 120.0
+#: requests each further step back aims to read (the step in seconds adapts to the rate)
+STEP_ROWS = 65_536
 
 
 class Rows(Protocol):
@@ -127,24 +132,72 @@ def window_trace(rows: Rows, window: Window, run: ResolvedEngine) -> tuple[Trace
     """The part of the trace `window` runs on (the warm-up's horizon, the timed span and the
     next window's warm-up), and its rows in the whole trace."""
     start, until = window.timed_from_s, window.served_until_s
-    capacity: int | None = None
-    back = FIRST_LOOK_BACK_S
+    lo = -math.inf
+    if math.isfinite(start) and start > rows.first_s:
+        lo = horizon_start(rows, start, run)
+    return rows.read(lo, until)
+
+
+def horizon_start(rows: Rows, start_s: float, run: ResolvedEngine) -> float:
+    """The arrival of the earliest request the cache-only warm-up replays before `start_s`
+    (kvsim.engine.warmup.replay_horizon: the latest requests whose distinct blocks reach
+    `HORIZON_FILLS` times the fleet's capacity), or -inf when it replays every earlier one.
+
+    Reads back a step at a time (about `STEP_ROWS` requests) and keeps only the sorted 64-bit
+    hashes of the blocks it has seen, so a window that reaches back millions of requests holds
+    one step's requests and a word per distinct block, not the whole horizon's chains."""
+    block_size = run.config.block_size
+    target: float | None = None
+    seen = np.zeros(0, dtype=np.uint64)
+    distinct = 0
+    hi, step = start_s, FIRST_LOOK_BACK_S
     while True:
-        lo = start - back if math.isfinite(start) and start - back > rows.first_s else -math.inf
-        trace, where = rows.read(lo, until)
-        arrival = trace.table.column("arrival_s").to_numpy()
-        before = np.flatnonzero(arrival < start)
-        if not before.size and lo == -math.inf:
-            return trace, where
-        if capacity is None:
-            capacity = capacity_blocks(run, trace)
-        source = TraceRequests(trace, run.config.block_size)
-        warm = replay_horizon(source, before, capacity)
-        if warm.size < before.size or lo == -math.inf:
-            first = float(arrival[warm].min()) if warm.size else start
-            keep = np.flatnonzero(arrival >= first)
-            return _take(trace, keep), where[keep]
-        back *= 4
+        lo = hi - step if hi - step > rows.first_s else -math.inf
+        trace, _ = rows.read(lo, hi)
+        table = trace.table
+        if table.num_rows:
+            if target is None:
+                target = HORIZON_FILLS * capacity_blocks(run, trace)
+            arrival = table.column("arrival_s").to_numpy()
+            order = np.argsort(-arrival, kind="stable")  # latest first, as replay_horizon
+            stream, ends, lengths = _chains(table, order, block_size)
+            if stream.size:
+                first = np.zeros(stream.size, dtype=bool)
+                first[np.unique(stream, return_index=True)[1]] = True
+                at = np.minimum(np.searchsorted(seen, stream), max(seen.size - 1, 0))
+                if seen.size:
+                    first &= seen[at] != stream
+                counts = distinct + np.cumsum(first)[ends - 1]
+                enough = np.flatnonzero((counts >= target) & (lengths > 0))
+                if enough.size:
+                    return float(arrival[order[enough[0]]])
+                distinct = int(counts[-1])
+                new = np.sort(stream[first])
+                seen = np.insert(seen, np.searchsorted(seen, new), new)
+        if lo == -math.inf:
+            return -math.inf
+        step *= min(max(STEP_ROWS / max(table.num_rows, 1), 0.5), 4.0)
+        hi = lo
+
+
+def _chains(table: pa.Table, order: np.ndarray, block_size: int):
+    """(the block hashes of the rows in `order`, one chain after another; each chain's end
+    in that stream; each chain's length)."""
+    seg = segment_columns(table)
+    offsets, hashes = batch_sequence_block_hashes(
+        seg.offsets,
+        seg.hashes,
+        seg.tokens,
+        table.column("output_hash").to_numpy(),
+        table.column("output_tokens").to_numpy(),
+        block_size,
+    )
+    lengths = offsets[order + 1] - offsets[order]
+    ends = np.cumsum(lengths)
+    if not ends.size or not ends[-1]:
+        return hashes[:0], ends, lengths
+    starts = np.repeat(offsets[order] - (ends - lengths), lengths)
+    return hashes[starts + np.arange(ends[-1])], ends, lengths
 
 
 @dataclass
