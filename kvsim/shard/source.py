@@ -37,12 +37,11 @@ from kvsim.engine.window import Window
 from kvsim.errors import TraceError
 from kvsim.shard.retime import follow_chains, service_s
 from kvsim.traces import Trace
-from kvsim.traces.blocks import batch_sequence_block_hashes
+from kvsim.traces.blocks import table_block_hashes
 from kvsim.traces.schema import (
     META_SKIPPED,
     TRACE_SCHEMA,
     check_rows,
-    segment_columns,
     trace_warnings,
     with_hint_columns,
 )
@@ -183,15 +182,7 @@ def horizon_start(rows: Rows, start_s: float, run: ResolvedEngine) -> float:
 def _chains(table: pa.Table, order: np.ndarray, block_size: int):
     """(the block hashes of the rows in `order`, one chain after another; each chain's end
     in that stream; each chain's length)."""
-    seg = segment_columns(table)
-    offsets, hashes = batch_sequence_block_hashes(
-        seg.offsets,
-        seg.hashes,
-        seg.tokens,
-        table.column("output_hash").to_numpy(),
-        table.column("output_tokens").to_numpy(),
-        block_size,
-    )
+    offsets, hashes = table_block_hashes(table, block_size)
     lengths = offsets[order + 1] - offsets[order]
     ends = np.cumsum(lengths)
     if not ends.size or not ends[-1]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 __all__ = [
     "CHAIN_SEED",
@@ -219,10 +220,6 @@ def batch_sequence_block_hashes(
     offsets = np.asarray(offsets, dtype=np.int64)
     output_hash, output_tokens = np.asarray(output_hash), np.asarray(output_tokens)
     n = offsets.size - 1
-    if n <= HASH_ROWS:
-        return _sequence_block_hashes(
-            offsets, seg_hashes, seg_tokens, output_hash, output_tokens, block_size
-        )
     running = np.concatenate(([0], np.cumsum(seg_tokens, dtype=np.int64)))
     total = running[offsets[1:]] - running[offsets[:-1]]
     total += np.where((output_hash != 0) & (output_tokens > 0), output_tokens, 0)
@@ -263,6 +260,21 @@ def _sequence_block_hashes(
     hashes[last] = output_hash[reply].astype(np.uint64)
     tokens[last] = output_tokens[reply]
     return batch_block_hashes(rows, hashes, tokens, block_size)
+
+
+def table_block_hashes(table: pa.Table, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`batch_sequence_block_hashes` of every request of a canonical trace table."""
+    from kvsim.traces.schema import segment_columns
+
+    seg = segment_columns(table)
+    return batch_sequence_block_hashes(
+        seg.offsets,
+        seg.hashes,
+        seg.tokens,
+        table.column("output_hash").to_numpy(),
+        table.column("output_tokens").to_numpy(),
+        block_size,
+    )
 
 
 def first_seen_ids(hashes: np.ndarray) -> np.ndarray:

@@ -521,13 +521,9 @@ def validate_trace(table: pa.Table, source: str) -> None:
 
     Of the rows that are wrong on their own, the earliest is reported.
     """
-    _check_columns(table, source)
+    check_rows(table, source)
     if table.num_rows == 0:
         return
-    _, firsts = _row_problems(table)
-    if firsts:
-        row, field, message = min(firsts, key=lambda f: f[0])
-        _fail(source, row, field, message)
 
     request_id = _np(table, "request_id")
     arrival = _np(table, "arrival_s")

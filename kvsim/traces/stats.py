@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.traces.blocks import batch_sequence_block_hashes, first_seen_ids
-from kvsim.traces.schema import Trace, segment_columns
+from kvsim.traces.blocks import first_seen_ids, table_block_hashes
+from kvsim.traces.schema import Trace
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -32,16 +32,8 @@ def reused_blocks(
     `cap_blocks` of them: the engine computes at least one prompt token, so it passes
     (input - 1) // block_size; default, every full prompt block)."""
     table = trace.table
-    seg = segment_columns(table)
     # each content-addressed reply is one more segment: the sequence that gets cached
-    offsets, hashes = batch_sequence_block_hashes(
-        seg.offsets,
-        seg.hashes,
-        seg.tokens,
-        table.column("output_hash").to_numpy(),
-        table.column("output_tokens").to_numpy(),
-        block_size,
-    )
+    offsets, hashes = table_block_hashes(table, block_size)
     inputs = table.column("input_tokens").to_numpy().astype(np.int64)
     cap = inputs // block_size if cap_blocks is None else cap_blocks
     return reused_from_ids(offsets, first_seen_ids(hashes), cap)
