@@ -20,6 +20,7 @@ from kvsim.traces.blocks import (
     first_seen_ids,
     mix,
     sequence_block_hashes,
+    sequence_block_ids,
 )
 from kvsim.traces.stats import reused_from_ids
 
@@ -180,6 +181,50 @@ def test_batch_sequence_equals_per_row(rows, block_size):
     for i, (segs, h, n) in enumerate(rows):
         expect = sequence_block_hashes(*arrays(segs), h, n, block_size).tolist()
         assert got[block_offsets[i] : block_offsets[i + 1]].tolist() == expect
+
+
+# few hashes and lengths, so prompts often share prefixes, and a prefix recurs with a segment
+# of another length after it (a longer reply, a cut prompt)
+SMALL_SEGMENT = st.tuples(
+    st.integers(min_value=1, max_value=3), st.integers(min_value=1, max_value=40)
+)
+SHARING_ROWS = st.lists(
+    st.tuples(st.lists(SMALL_SEGMENT, max_size=6), st.sampled_from([0, 1, 2]),
+              st.integers(min_value=0, max_value=50)),
+    min_size=1, max_size=12,
+)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(SHARING_ROWS, st.integers(min_value=1, max_value=24), st.booleans())
+def test_block_ids_number_the_hashes_by_first_appearance(rows, block_size, small_chunks):
+    """Numbering segments by prefix, then blocks by ordinal, gives the ids of hashing every
+    block and numbering the hashes; also when both passes work a few rows or blocks at a time."""
+    offsets = np.cumsum([0] + [len(segs) for segs, _, _ in rows])
+    hashes, tokens = arrays([s for segs, _, _ in rows for s in segs])
+    out_hash = np.array([h for _, h, _ in rows], dtype=np.uint64)
+    out_tokens = np.array([n for _, _, n in rows], dtype=np.int64)
+    args = (offsets, hashes, tokens, out_hash, out_tokens, block_size)
+    expect_offsets, expect = batch_sequence_block_hashes(*args)
+    with pytest.MonkeyPatch.context() as patch:
+        if small_chunks:
+            patch.setattr("kvsim.traces.blocks.HASH_ROWS", 3)
+            patch.setattr("kvsim.traces.blocks.ID_BLOCKS", 5)
+        got_offsets, got = sequence_block_ids(*args)
+    assert got_offsets.tolist() == expect_offsets.tolist()
+    assert got.tolist() == first_seen_ids(expect).tolist()
+
+
+def test_block_ids_of_a_prefix_seen_shorter_before():
+    """A prompt cut inside its last segment, then the same prompt whole: the whole one's extra
+    blocks are new, its first ones are the cut prompt's."""
+    h = np.array([7, 8], dtype=np.uint64)
+    offsets, ids = sequence_block_ids(
+        np.array([0, 2, 4, 5]), np.append(np.append(h, h), np.uint64(9)),
+        np.array([16, 20, 16, 64, 16]), np.zeros(3, np.uint64), np.zeros(3), 16,
+    )  # fmt: skip
+    assert offsets.tolist() == [0, 2, 7, 8]
+    assert ids.tolist() == [1, 2, 1, 2, 3, 4, 5, 6]
 
 
 @settings(max_examples=100, deadline=None)

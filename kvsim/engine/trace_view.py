@@ -13,11 +13,7 @@ from kvsim.kvcache.hints import TraceHints
 from kvsim.kvcache.request import Request
 from kvsim.policies.oracle import FutureUses
 from kvsim.traces import Trace
-from kvsim.traces.blocks import (
-    batch_sequence_block_hashes,
-    block_kinds,
-    first_seen_ids,
-)
+from kvsim.traces.blocks import block_kinds, sequence_block_ids
 from kvsim.traces.schema import KIND_CODES, segment_columns
 from kvsim.traces.stats import reused_from_ids
 
@@ -55,10 +51,10 @@ class TraceRequests:
     def block_ids(self) -> tuple[np.ndarray, np.ndarray]:
         """(block offsets, block ids) of every request's chain (`sequence_block_hashes`:
         prompt, then a content-addressed reply), numbered by first appearance in trace order
-        (kvsim.traces.blocks.first_seen_ids). Built once, on first use, in numpy passes over
-        the whole trace."""
+        (kvsim.traces.blocks.sequence_block_ids). Built once, on first use, in numpy passes
+        over the whole trace."""
         if self._ids is None:
-            block_offsets, blocks = batch_sequence_block_hashes(
+            self._ids = sequence_block_ids(
                 self.seg_offsets,
                 self.seg_hash,
                 self.seg_tokens,
@@ -66,11 +62,7 @@ class TraceRequests:
                 self.output_tokens,
                 self.block_size,
             )
-            ids = first_seen_ids(blocks)
-            del blocks  # 8 bytes a block, before the narrow copy
-            self._id_span = int(ids.max(initial=0)) + 1
-            narrow = np.int32 if self._id_span < np.iinfo(np.int32).max else np.int64
-            self._ids = (block_offsets, ids.astype(narrow))
+            self._id_span = int(self._ids[1].max(initial=0)) + 1
         return self._ids
 
     def reused_blocks(self) -> np.ndarray:

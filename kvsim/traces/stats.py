@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.traces.blocks import first_seen_ids, table_block_hashes
+from kvsim.traces.blocks import table_block_ids
 from kvsim.traces.schema import Trace
 
 __all__ = [
@@ -33,15 +33,15 @@ def reused_blocks(
     (input - 1) // block_size; default, every full prompt block)."""
     table = trace.table
     # each content-addressed reply is one more segment: the sequence that gets cached
-    offsets, hashes = table_block_hashes(table, block_size)
+    offsets, ids = table_block_ids(table, block_size)
     inputs = table.column("input_tokens").to_numpy().astype(np.int64)
     cap = inputs // block_size if cap_blocks is None else cap_blocks
-    return reused_from_ids(offsets, first_seen_ids(hashes), cap)
+    return reused_from_ids(offsets, ids, cap)
 
 
 def reused_from_ids(offsets: np.ndarray, ids: np.ndarray, cap_blocks: np.ndarray) -> np.ndarray:
     """`reused_blocks` from every request's chain of first-seen ids (kvsim.traces.blocks
-    .first_seen_ids, rows delimited by `offsets`): a block hits when its id was seen earlier,
+    .sequence_block_ids, rows delimited by `offsets`): a block hits when its id was seen earlier,
     which, ids being numbered by first appearance, is when it is no larger than every id before."""
     n = offsets.size - 1
     seen = np.zeros(ids.size, dtype=bool)
