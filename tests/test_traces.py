@@ -243,6 +243,29 @@ def test_parquet_round_trip_loses_nothing(tmp_path):
         assert via_registry.table.equals(trace.table.slice(0, 10))
 
 
+def test_first_requests_of_a_file_read_only_their_row_groups(tmp_path):
+    """`--max-requests` on a long file reads the row groups that hold the first N rows: the same
+    table as reading it all, and a bad row further on is not reached (nor was it read)."""
+    import pyarrow.parquet as pq
+
+    table = load_trace("mooncake-arxiv-1000").table
+    out = table.column("output_tokens").to_numpy().copy()
+    out[700] = -1
+    bad = table.set_column(
+        table.schema.get_field_index("output_tokens"),
+        table.schema.field("output_tokens"),
+        pa.array(out, table.schema.field("output_tokens").type),
+    )
+    path = tmp_path / "groups.parquet"
+    pq.write_table(bad, path, row_group_size=100)
+    for n in (1, 99, 100, 101, 650):
+        assert load_trace(path, max_requests=n).table.equals(table.slice(0, n))
+    with pytest.raises(TraceError, match="row 700.*output_tokens"):
+        load_trace(path, max_requests=701)
+    with pytest.raises(TraceError, match="row 700.*output_tokens"):
+        load_trace(path)
+
+
 def test_validation_names_row_and_field():
     table = load_trace("mooncake-arxiv-1000", max_requests=5).table
     validate_trace(table, "ok")

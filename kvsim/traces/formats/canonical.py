@@ -19,7 +19,7 @@ class Canonical(TraceFormat):
     catch_all = True  # any Parquet file that is not LMSYS
 
     def open(self, path: Path, options: ReadOptions) -> Trace:
-        return read_trace(path, options.skip_bad_rows)
+        return read_trace(path, options.skip_bad_rows, options.max_requests)
 
     def load(self, path: Path, options: ReadOptions) -> Trace:
         """Stored times: `rate_scale` divides them; `rate` has no span to stretch to."""
