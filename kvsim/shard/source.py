@@ -161,17 +161,20 @@ def horizon_start(rows: Rows, start_s: float, run: ResolvedEngine) -> float:
             order = np.argsort(-arrival, kind="stable")  # latest first, as replay_horizon
             stream, ends, lengths = _chains(table, order, block_size)
             if stream.size:
-                first = np.zeros(stream.size, dtype=bool)
-                first[np.unique(stream, return_index=True)[1]] = True
-                at = np.minimum(np.searchsorted(seen, stream), max(seen.size - 1, 0))
+                # sorted distinct hashes, each where it first appears; those seen in a later
+                # step dropped (sorted keys: each search starts where the last one ended)
+                new, first_at = np.unique(stream, return_index=True)
                 if seen.size:
-                    first &= seen[at] != stream
+                    at = np.minimum(np.searchsorted(seen, new), seen.size - 1)
+                    fresh = seen[at] != new
+                    new, first_at = new[fresh], first_at[fresh]
+                first = np.zeros(stream.size, dtype=bool)
+                first[first_at] = True
                 counts = distinct + np.cumsum(first)[ends - 1]
                 enough = np.flatnonzero((counts >= target) & (lengths > 0))
                 if enough.size:
                     return float(arrival[order[enough[0]]])
                 distinct = int(counts[-1])
-                new = np.sort(stream[first])
                 seen = np.insert(seen, np.searchsorted(seen, new), new)
         if lo == -math.inf:
             return -math.inf
