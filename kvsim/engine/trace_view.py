@@ -14,6 +14,7 @@ from kvsim.kvcache.request import Request
 from kvsim.policies.oracle import FutureUses
 from kvsim.traces import Trace
 from kvsim.traces.blocks import block_kinds, sequence_block_ids
+from kvsim.traces.replay import previous_turns
 from kvsim.traces.schema import KIND_CODES, segment_columns
 from kvsim.traces.stats import reused_from_ids
 
@@ -123,17 +124,12 @@ class TraceRequests:
         first = (np.arange(ids.size) - offsets[row]) < counts[row]
         return FutureUses(self._salted(ids[first], salt), np.repeat(self.arrival_s, counts))
 
-    def next_turns(self) -> dict[int, int]:
-        """Index of each closed-loop request keyed by the index of the turn it follows."""
-        by_key = {
-            (int(s), int(k)): i
-            for i, (s, k) in enumerate(zip(self.session_id, self.turn, strict=True))
-        }
-        follows: dict[int, int] = {}
-        for i in np.flatnonzero(self.closed_loop):
-            prev = by_key.get((int(self.session_id[i]), int(self.turn[i]) - 1))
-            if prev is None:
-                self.closed_loop[i] = False  # its earlier turn is not in this trace: replay it
-            else:
-                follows[prev] = int(i)
+    def next_turns(self) -> np.ndarray:
+        """Per row, the row of the closed-loop turn that follows it, or -1. A closed-loop turn
+        whose earlier turn is not in this trace (a window's slice) is replayed at its time."""
+        prev = previous_turns(self.session_id, self.turn, self.closed_loop)
+        self.closed_loop &= prev >= 0
+        follows = np.full(self.n, -1, dtype=np.int64)
+        linked = np.flatnonzero(prev >= 0)
+        follows[prev[linked]] = linked
         return follows

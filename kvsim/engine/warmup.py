@@ -169,7 +169,7 @@ def _replay(
     fleet: Fleet,
     view: WarmView,
     order: np.ndarray,
-    follows: dict[int, int],
+    follows: np.ndarray,
     prefetch: bool,
 ) -> Iterator[simpy.Event]:
     source, cluster = workload.source, fleet.cluster
@@ -190,10 +190,10 @@ def _replay(
         if hit < 0:
             continue
         view.placed(target, req, hit)
-        nxt = follows.get(i)
+        nxt = int(follows[i])
         # as the engine does while the session thinks, for a next turn the timed engine
         # serves (one the warm-up serves finds the same blocks below in no time)
-        if nxt is not None and prefetch and timed[nxt]:
+        if nxt >= 0 and prefetch and timed[nxt]:
             lead = max(float(arrival[nxt]) - config.prefetch_lead_s - env.now, 0.0)
             turn = workload.new_request(nxt)
             env.timeout(lead).callbacks.append(lambda _ev, r=replica, t=turn: r.prefetch(t))

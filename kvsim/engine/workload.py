@@ -51,16 +51,18 @@ class Workload:
         self.progress = progress
         self.completed = 0
         self.live: dict[int, Request] = {}  # issued or about to be, not yet recorded
-        self.follows = source.next_turns()  # closed-loop turn of each request that has one
-        self.every_follow = dict(self.follows)  # the same, with those a warm-up replays
+        # per row, the closed-loop turn that follows it (-1: none), a word a request
+        self.every_follow = source.next_turns()  # with the turns a warm-up replays
+        self.follows = self.every_follow  # those this engine issues when their turn finishes
         self.timed = timed
         self.total = source.n
         if timed is not None:
             self.total = int(timed.sum())
-            for prev, nxt in list(self.follows.items()):
-                if not timed[prev]:
-                    del self.follows[prev]
-                    source.closed_loop[nxt] = False
+            # a turn whose earlier one is only replayed arrives at its trace time
+            untimed = np.flatnonzero((self.follows >= 0) & ~timed)
+            source.closed_loop[self.follows[untimed]] = False
+            self.follows = self.follows.copy()
+            self.follows[untimed] = -1
         self.comp_codes = np.zeros(source.n, dtype=np.int16)  # index into the fleet's engines
         self.kv_peak_blocks = np.zeros(source.n, dtype=np.int64)
         self._fleet: Fleet | None = None
@@ -93,8 +95,8 @@ class Workload:
         del self.live[req.index]
         if self.progress is not None:
             self.progress(self.completed, self.total)
-        nxt = self.follows.get(req.index)
-        if nxt is None:
+        nxt = int(self.follows[req.index])
+        if nxt < 0:
             return
         env, config = self.env, self.run.config
         think = float(self.source.think_time_s[nxt])

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from kvsim.costmodel import CostModel
 from kvsim.traces import Trace
+from kvsim.traces.replay import previous_turns
 
 #: prompts and contexts are priced in buckets of this many tokens (one cost-model call each)
 BUCKET = 64
@@ -64,18 +65,6 @@ def follow_chains(
         at = turn == k
         p = prev[at]
         new[rows[at]] = (new[p] + service[p]) + think[at]
-
-
-def previous_turns(session: np.ndarray, turn: np.ndarray, closed: np.ndarray) -> np.ndarray:
-    """Per row, the row of its session's turn before it when the row is a closed-loop turn,
-    else -1."""
-    order = np.lexsort((turn, session))
-    s, k = session[order], turn[order]
-    follows = np.zeros(len(order), dtype=bool)
-    follows[1:] = closed[order][1:] & (s[1:] == s[:-1]) & (k[1:] == k[:-1] + 1)
-    prev = np.full(len(order), -1, dtype=np.int64)
-    prev[order[1:][follows[1:]]] = order[:-1][follows[1:]]
-    return prev
 
 
 def closed_loop(table: pa.Table) -> np.ndarray:

@@ -57,6 +57,18 @@ def session_starts(table: pa.Table) -> np.ndarray:
     return np.sort(arrival[first])
 
 
+def previous_turns(session: np.ndarray, turn: np.ndarray, closed: np.ndarray) -> np.ndarray:
+    """Per row, the row of its session's turn before it when the row is a closed-loop turn,
+    else -1."""
+    order = np.lexsort((turn, session))
+    s, k = session[order], turn[order]
+    follows = np.zeros(len(order), dtype=bool)
+    follows[1:] = closed[order][1:] & (s[1:] == s[:-1]) & (k[1:] == k[:-1] + 1)
+    prev = np.full(len(order), -1, dtype=np.int64)
+    prev[order[1:][follows[1:]]] = order[:-1][follows[1:]]
+    return prev
+
+
 class _Scaled:
     """Replay: the trace's own session starts, times `factor` (a process for `retime_table`)."""
 
