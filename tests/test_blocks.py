@@ -254,8 +254,9 @@ def test_first_seen_ids_make_a_new_chain_consecutive():
     st.lists(st.lists(st.integers(min_value=1, max_value=15), max_size=10), min_size=1,
              max_size=8),
     st.integers(min_value=0, max_value=12),
+    st.sampled_from([1, 3, 1 << 22]),
 )  # fmt: skip
-def test_reused_from_ids_counts_blocks_seen_earlier(rows, cap):
+def test_reused_from_ids_counts_blocks_seen_earlier(rows, cap, chunk):
     """Against a set: a block hits when any earlier position (any row) held its hash."""
     offsets = np.cumsum([0] + [len(r) for r in rows])
     flat = np.array([h for r in rows for h in r], dtype=np.uint64)
@@ -269,7 +270,9 @@ def test_reused_from_ids_counts_blocks_seen_earlier(rows, cap):
             hits += h in seen and k < cap
             seen.add(h)
         expect.append(hits)
-    assert reused_from_ids(offsets, ids, caps).tolist() == expect
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("kvsim.traces.stats.REUSE_BLOCKS", chunk)  # rows a few blocks at a time
+        assert reused_from_ids(offsets, ids, caps).tolist() == expect
 
 
 def test_speed_report():

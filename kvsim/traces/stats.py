@@ -39,19 +39,36 @@ def reused_blocks(
     return reused_from_ids(offsets, ids, cap)
 
 
+#: blocks `reused_from_ids` takes at a time (its temporaries are about 30 bytes a block: a
+#: window of millions of requests has hundreds of millions)
+REUSE_BLOCKS = 1 << 22
+
+
 def reused_from_ids(offsets: np.ndarray, ids: np.ndarray, cap_blocks: np.ndarray) -> np.ndarray:
     """`reused_blocks` from every request's chain of first-seen ids (kvsim.traces.blocks
     .sequence_block_ids, rows delimited by `offsets`): a block hits when its id was seen earlier,
-    which, ids being numbered by first appearance, is when it is no larger than every id before."""
+    which, ids being numbered by first appearance, is when it is no larger than every id before.
+    Whole rows of about `REUSE_BLOCKS` blocks at a time, carrying the largest id so far."""
     n = offsets.size - 1
-    seen = np.zeros(ids.size, dtype=bool)
-    if ids.size:
-        before = np.maximum.accumulate(ids)
-        seen[1:] = ids[1:] <= before[:-1]
-    row = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
-    k = np.arange(row.size, dtype=np.int64) - offsets[row]
-    hit = seen & (k < cap_blocks[row])
-    return np.bincount(row[hit], minlength=n).astype(np.int64)
+    out = np.zeros(n, dtype=np.int64)
+    top = 0  # the largest id before the rows in hand (ids start at 1)
+    cuts = np.searchsorted(offsets, np.arange(0, int(offsets[-1]), REUSE_BLOCKS), "right") - 1
+    bounds = np.unique(np.concatenate((cuts, [n])))
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        lo, hi = offsets[a], offsets[b]
+        part = ids[lo:hi]
+        if not part.size:
+            continue
+        before = np.maximum.accumulate(part)
+        seen = np.empty(part.size, dtype=bool)
+        seen[0] = part[0] <= top
+        seen[1:] = part[1:] <= np.maximum(before[:-1], top)
+        top = max(top, int(before[-1]))
+        row = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(offsets[a : b + 1]))
+        k = np.arange(part.size, dtype=np.int64) - (offsets[a:b] - lo)[row]
+        hit = seen & (k < cap_blocks[a:b][row])
+        out[a:b] = np.bincount(row[hit], minlength=b - a)
+    return out
 
 
 def reuse_ceiling(trace: Trace, block_size: int) -> tuple[float, float]:
