@@ -340,17 +340,10 @@ def sequence_block_ids(
     blocks = np.concatenate([p[1] for p in parts])
     block_offsets = np.concatenate(([0], np.cumsum(np.concatenate([p[2] for p in parts]))))
     del parts
-    code, _ = pd.factorize(pre)
+    code, _ = pd.factorize(pre)  # prefixes numbered by first appearance
     del pre
-    # blocks of a prefix seen before this segment: the running maximum within each prefix
-    order = np.argsort(code, kind="stable")
-    grouped = code[order]
     span = int(blocks.max(initial=0)) + 1
-    running = np.maximum.accumulate(blocks[order] + grouped * span) - grouped * span
-    seen = np.zeros(code.size, dtype=np.int64)
-    first = np.ones(code.size, dtype=bool)
-    first[1:] = grouped[1:] != grouped[:-1]
-    seen[order[~first]] = running[:-1][~first[1:]]
+    seen = _blocks_seen_before(code, blocks, span)
     new = np.maximum(blocks - seen, 0)
     base = np.concatenate(([1], 1 + np.cumsum(new)))[:-1]  # the id of a segment's first new block
     total = int(new.sum())
@@ -386,6 +379,28 @@ def table_block_hashes(table: pa.Table, block_size: int) -> tuple[np.ndarray, np
         table.column("output_tokens").to_numpy(),
         block_size,
     )
+
+
+def _blocks_seen_before(code: np.ndarray, blocks: np.ndarray, span: int) -> np.ndarray:
+    """Per segment, the most blocks an earlier segment of its prefix (`code`, numbered by first
+    appearance) held: 0 for a prefix's first segment. Nearly every later segment holds no more
+    than the first did, and then only the first matters; the running maximum is taken, by a
+    stable sort, only over the prefixes where one held more (a prompt cut, then whole)."""
+    cmax = np.maximum.accumulate(code)
+    first = np.ones(code.size, dtype=bool)
+    first[1:] = code[1:] > cmax[:-1]
+    del cmax
+    seen = blocks[first][code]
+    seen[first] = 0
+    grew = np.flatnonzero(~first & (blocks > seen))
+    if grew.size:
+        rows = np.flatnonzero(np.isin(code, np.unique(code[grew])))
+        order = rows[np.argsort(code[rows], kind="stable")]
+        grouped = code[order]
+        running = np.maximum.accumulate(blocks[order] + grouped * span) - grouped * span
+        later = np.flatnonzero(grouped[1:] == grouped[:-1]) + 1
+        seen[order[later]] = running[later - 1]
+    return seen
 
 
 def table_block_ids(table: pa.Table, block_size: int) -> tuple[np.ndarray, np.ndarray]:
