@@ -193,7 +193,7 @@ class RooflineCostModel(ChunkedPrefill):
 
     def _linear_at(self, tokens: int, sequences: int):
         """`linear_s` of one iteration, remembered: a fleet prices the same batch shapes over
-        and over (one coalesced decode run in seven of a 1 M-request run's CPU time)."""
+        and over (pricing coalesced decode runs took a seventh of a 1 M-request run's CPU)."""
         memo = self._linear_memo
         t = memo.get((tokens, sequences))
         if t is None:
