@@ -260,9 +260,9 @@ def test_first_requests_of_a_file_read_only_their_row_groups(tmp_path):
     pq.write_table(bad, path, row_group_size=100)
     for n in (1, 99, 100, 101, 650):
         assert load_trace(path, max_requests=n).table.equals(table.slice(0, n))
-    with pytest.raises(TraceError, match="row 700.*output_tokens"):
+    with pytest.raises(TraceError, match=r"row 700.*output_tokens"):
         load_trace(path, max_requests=701)
-    with pytest.raises(TraceError, match="row 700.*output_tokens"):
+    with pytest.raises(TraceError, match=r"row 700.*output_tokens"):
         load_trace(path)
 
 
