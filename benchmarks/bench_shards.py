@@ -81,6 +81,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", help="a trace name or file (default: --synth)")
     parser.add_argument("--synth", type=int, default=100_000, help="lmsys-shaped requests")
+    parser.add_argument(
+        "--max-requests", type=int, help="of --trace (default: the trace's default run)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--replicas", type=int, default=16)
     parser.add_argument("--router", default="round-robin")
@@ -102,7 +105,7 @@ def main() -> None:
     trace = args.trace or synth(args.synth, args.seed)
     config = RunConfig(
         trace=trace,
-        max_requests=None if args.trace else args.synth,
+        max_requests=args.max_requests if args.trace else args.synth,
         rate_scale=args.rate_scale,
         slo_ttft_s=args.slo_ttft,
         slo_tpot_s=args.slo_tpot,
