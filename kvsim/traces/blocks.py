@@ -18,6 +18,8 @@ segments is sequential (a short Python loop on ints); the per-block work is vect
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -287,6 +289,37 @@ def _segment_prefixes(offsets: np.ndarray, hashes: np.ndarray, tokens: np.ndarra
     return pre
 
 
+def row_chunks(offsets: np.ndarray, blocks: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges [a, b) of about `blocks` blocks each (a row is never split), for
+    passes whose temporaries grow with the blocks they hold; `offsets` delimits the rows."""
+    n = offsets.size - 1
+    cuts = np.searchsorted(offsets, np.arange(0, int(offsets[-1]), blocks), "right") - 1
+    bounds = np.unique(np.concatenate((cuts, [n]))).tolist()
+    return list(pairwise(bounds))
+
+
+def _blocks_seen_before(code: np.ndarray, blocks: np.ndarray, span: int) -> np.ndarray:
+    """Per segment, the most blocks an earlier segment of its prefix (`code`, numbered by first
+    appearance) held: 0 for a prefix's first segment. Nearly every later segment holds no more
+    than the first did, and then only the first matters; the running maximum is taken, by a
+    stable sort, only over the prefixes where one held more (a prompt cut, then whole)."""
+    cmax = np.maximum.accumulate(code)
+    first = np.ones(code.size, dtype=bool)
+    first[1:] = code[1:] > cmax[:-1]
+    del cmax
+    seen = blocks[first][code]
+    seen[first] = 0
+    grew = np.flatnonzero(~first & (blocks > seen))
+    if grew.size:
+        rows = np.flatnonzero(np.isin(code, np.unique(code[grew])))
+        order = rows[np.argsort(code[rows], kind="stable")]
+        grouped = code[order]
+        running = np.maximum.accumulate(blocks[order] + grouped * span) - grouped * span
+        later = np.flatnonzero(grouped[1:] == grouped[:-1]) + 1
+        seen[order[later]] = running[later - 1]
+    return seen
+
+
 #: blocks numbered at once by `sequence_block_ids`' last pass (about 40 bytes of temporaries each)
 ID_BLOCKS = 1 << 20
 
@@ -355,9 +388,7 @@ def sequence_block_ids(
     narrow = np.int32 if total + 1 < np.iinfo(np.int32).max else np.int64
     ids = np.empty(int(block_offsets[-1]), dtype=narrow)
     seg_start = np.concatenate(([0], np.cumsum(blocks)))
-    step = max(1, ID_BLOCKS // max(1, int(blocks.mean()) if blocks.size else 1))
-    for a in range(0, blocks.size, step):
-        b = min(a + step, blocks.size)
+    for a, b in row_chunks(seg_start, ID_BLOCKS):  # segments of about ID_BLOCKS blocks
         lo, hi = seg_start[a], seg_start[b]
         counts = blocks[a:b]
         ordinal = np.arange(hi - lo, dtype=np.int64) - np.repeat(seg_start[a:b] - lo, counts)
@@ -366,56 +397,23 @@ def sequence_block_ids(
     return block_offsets.astype(np.int64), ids
 
 
-def table_block_hashes(table: pa.Table, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """`batch_sequence_block_hashes` of every request of a canonical trace table."""
+def _table_sequences(table: pa.Table) -> tuple[np.ndarray, ...]:
+    """A canonical trace table's segment and reply columns, as the batch functions take them."""
     from kvsim.traces.schema import segment_columns
 
     seg = segment_columns(table)
-    return batch_sequence_block_hashes(
-        seg.offsets,
-        seg.hashes,
-        seg.tokens,
-        table.column("output_hash").to_numpy(),
-        table.column("output_tokens").to_numpy(),
-        block_size,
-    )
+    replies = (table.column(name).to_numpy() for name in ("output_hash", "output_tokens"))
+    return (seg.offsets, seg.hashes, seg.tokens, *replies)
 
 
-def _blocks_seen_before(code: np.ndarray, blocks: np.ndarray, span: int) -> np.ndarray:
-    """Per segment, the most blocks an earlier segment of its prefix (`code`, numbered by first
-    appearance) held: 0 for a prefix's first segment. Nearly every later segment holds no more
-    than the first did, and then only the first matters; the running maximum is taken, by a
-    stable sort, only over the prefixes where one held more (a prompt cut, then whole)."""
-    cmax = np.maximum.accumulate(code)
-    first = np.ones(code.size, dtype=bool)
-    first[1:] = code[1:] > cmax[:-1]
-    del cmax
-    seen = blocks[first][code]
-    seen[first] = 0
-    grew = np.flatnonzero(~first & (blocks > seen))
-    if grew.size:
-        rows = np.flatnonzero(np.isin(code, np.unique(code[grew])))
-        order = rows[np.argsort(code[rows], kind="stable")]
-        grouped = code[order]
-        running = np.maximum.accumulate(blocks[order] + grouped * span) - grouped * span
-        later = np.flatnonzero(grouped[1:] == grouped[:-1]) + 1
-        seen[order[later]] = running[later - 1]
-    return seen
+def table_block_hashes(table: pa.Table, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`batch_sequence_block_hashes` of every request of a canonical trace table."""
+    return batch_sequence_block_hashes(*_table_sequences(table), block_size)
 
 
 def table_block_ids(table: pa.Table, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """`sequence_block_ids` of every request of a canonical trace table."""
-    from kvsim.traces.schema import segment_columns
-
-    seg = segment_columns(table)
-    return sequence_block_ids(
-        seg.offsets,
-        seg.hashes,
-        seg.tokens,
-        table.column("output_hash").to_numpy(),
-        table.column("output_tokens").to_numpy(),
-        block_size,
-    )
+    return sequence_block_ids(*_table_sequences(table), block_size)
 
 
 def first_seen_ids(hashes: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.traces.blocks import table_block_ids
+from kvsim.traces.blocks import row_chunks, table_block_ids
 from kvsim.traces.schema import Trace
 
 __all__ = [
@@ -52,9 +52,7 @@ def reused_from_ids(offsets: np.ndarray, ids: np.ndarray, cap_blocks: np.ndarray
     n = offsets.size - 1
     out = np.zeros(n, dtype=np.int64)
     top = 0  # the largest id before the rows in hand (ids start at 1)
-    cuts = np.searchsorted(offsets, np.arange(0, int(offsets[-1]), REUSE_BLOCKS), "right") - 1
-    bounds = np.unique(np.concatenate((cuts, [n])))
-    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+    for a, b in row_chunks(offsets, REUSE_BLOCKS):
         lo, hi = offsets[a], offsets[b]
         part = ids[lo:hi]
         if not part.size:
