@@ -8,6 +8,7 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvsim.kvcache.block_pool import BlockPool
 from kvsim.kvcache.compact_tier import Bits, CompactLRU, DensePlacement, DictPlacement
 from kvsim.kvcache.hierarchy import Hierarchy, LowerTier
 from kvsim.kvcache.link import Link
@@ -178,3 +179,74 @@ def test_compact_and_dict_hierarchies_agree():
         for start in (0, 37, 100, 250):
             assert dense.chain(hashes, start, 300) == dicts.chain(hashes, start, 300)
     assert dense.tiers[0].stats == dicts.tiers[0].stats
+
+
+@st.composite
+def pool_requests(draw):
+    """Requests against an HBM pool: a chain of block ids (prefixes shared among requests),
+    released later in any order."""
+    stems = draw(st.lists(st.lists(st.integers(1, 400), max_size=12), min_size=1, max_size=6))
+    return (
+        draw(
+            st.lists(
+                st.tuples(
+                    st.integers(0, len(stems) - 1), st.lists(st.integers(1, 400), max_size=10)
+                ),
+                max_size=50,
+            )
+        ),
+        stems,
+        draw(st.integers(1, 3)),
+    )
+
+
+def _drive_pool(pool: BlockPool, requests, stems, lag: int) -> list[list[int]]:
+    """Each request hits its cached prefix, allocates and registers the rest, and is released
+    `lag` requests later (deepest-first); the pool's victims, as the engine's calls make them."""
+    victims: list[list[int]] = []
+    evict = pool.policy.evict
+
+    def recording(count: int) -> list[int]:
+        out = evict(count)
+        victims.append(out)
+        return out
+
+    pool.policy.evict = recording  # type: ignore[method-assign]
+    running: list[tuple[list[int], list[int]]] = []
+    for now, (stem, tail) in enumerate(requests):
+        chain = list(dict.fromkeys(stems[stem] + tail))
+        hit, _ = pool.cached_prefix(chain, len(chain))
+        pool.acquire(chain, hit, now)  # pinned before room is made, as the engine does
+        if not pool.allocate(len(chain) - hit):
+            pool.release(chain, list(range(hit)), 0, now)
+            continue
+        fresh = pool.register(chain, hit, len(chain), now)
+        running.append((chain, list(range(hit)) + fresh))
+        while len(running) > lag:
+            done, positions = running.pop(0)
+            pool.release(done, positions, len(done) - len(positions), now)
+        pool.check()
+    return victims
+
+
+@settings(max_examples=150, deadline=None)
+@given(pool_requests())
+def test_compact_lru_in_the_hbm_pool_evicts_as_lru(case):
+    requests, stems, lag = case
+    compact, reference = BlockPool(24, CompactLRU()), BlockPool(24, LRU())
+    assert _drive_pool(compact, requests, stems, lag) == _drive_pool(
+        reference, requests, stems, lag
+    )
+    assert compact.refs == reference.refs
+
+
+def test_a_key_that_is_no_dense_id_brings_lru_back_to_the_pool():
+    pool = BlockPool(4, CompactLRU())
+    pool.allocate(2)
+    pool.release([5, 6], pool.register([5, 6], 0, 2, 0.0), 0, 0.0)
+    assert isinstance(pool.policy, CompactLRU)
+    pool.allocate(1)
+    pool.register([2**40], 0, 1, 1.0)  # a hand-made hash: no int32 queue holds it
+    assert type(pool.policy) is LRU and len(pool.policy) == 2
+    pool.allocate(3)  # one free, two evicted, in the order CompactLRU kept
+    assert pool.stats.evictions == 2 and set(pool.refs) == {2**40}

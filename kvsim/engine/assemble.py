@@ -34,6 +34,7 @@ from kvsim.engine.tiers import (
 )
 from kvsim.engine.trace_view import TraceRequests
 from kvsim.kvcache import BlockPool
+from kvsim.kvcache.compact_tier import CompactLRU
 from kvsim.kvcache.group_pool import GroupPool
 from kvsim.kvcache.hierarchy import LowerTier
 from kvsim.kvcache.link import Link
@@ -42,6 +43,7 @@ from kvsim.kvcache.request import Request
 from kvsim.metrics.attribution import Attribution
 from kvsim.models import kv_bytes_per_token
 from kvsim.policies import make_policy
+from kvsim.policies.lru import LRU
 from kvsim.policies.oracle import FutureUses
 from kvsim.routers import make_router
 from kvsim.traces.schema import SEGMENT_KINDS
@@ -135,6 +137,10 @@ def build_replica(
     env, run, source = parts.env, parts.run, parts.source
     config, model, profile = run.config, run.model, run.profile
     policy = make_policy(run.tiers.policies["hbm"], run.tiers.params_of("hbm"))
+    if type(policy) is LRU:
+        # the same victims from a queue of int32 ids: 4 bytes a block instead of about 200 (a
+        # fleet's HBM holds millions); a key that is no such id brings LRU back (BlockPool)
+        policy = CompactLRU()
     # ema-head with head_granular=true frees KV-head groups; every other policy whole blocks
     pool_kind = GroupPool if policy.head_groups() > 1 else BlockPool
     # routers that see snapshots replay each pool's journal of HBM changes at every refresh

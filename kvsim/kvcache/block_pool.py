@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, islice, takewhile
 
+from kvsim.kvcache.compact_tier import CompactLRU, dense
 from kvsim.policies.base import BlockInfo, EvictionPolicy, RequestHint
 
 
@@ -167,6 +168,8 @@ class BlockPool:
         self.version += 1
         refs = self.refs
         keys = hashes[start:end]
+        if type(self.policy) is CompactLRU and not dense(keys):  # its queue holds int32 ids
+            self.policy = self.policy.to_lru()
         if self.reports_misses:
             info = self.info
             info.now_s = now_s

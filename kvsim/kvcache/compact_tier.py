@@ -13,7 +13,8 @@ resident block.
 - `DictPlacement`: the same interface over one dict (any int keys): the edge mapping a hierarchy
   falls back to when a key is not a dense id (hand-made hashes in tests, shared pools' keys).
 - `CompactLRU`: least-recently-used order of one tier's evictable blocks, a FIFO of ids with
-  lazy deletion, victims identical to kvsim.policies.lru.LRU under the hierarchy's calls.
+  lazy deletion, victims identical to kvsim.policies.lru.LRU under the hierarchy's calls and
+  the HBM block pool's (kvsim.kvcache.block_pool), which use it in LRU's place.
 
 Placement codes are those of kvsim.kvcache.hierarchy: t (the copy is in tier t) or ~t (it is being
 written into tier t); absent blocks have none.
@@ -296,6 +297,11 @@ class CompactLRU(EvictionPolicy):
     ) -> None:
         self._queue.extend(keys)
         self._live += len(keys)
+
+    def pin_many(self, keys: list[int], evictable: list[bool], info: BlockInfo) -> None:
+        # a hit pins the block (as kvsim.policies.lru.LRU: no move to the MRU end first)
+        if True in evictable:
+            self.discard_many(list(compress(keys, evictable)))
 
     def discard(self, key: int) -> None:
         self._stale[key] = self._stale.get(key, 0) + 1
