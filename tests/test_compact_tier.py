@@ -4,12 +4,19 @@ that are not dense ids through the dict edge."""
 
 from __future__ import annotations
 
+import numpy as np
 import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.kvcache.block_pool import BlockPool
-from kvsim.kvcache.compact_tier import Bits, CompactLRU, DensePlacement, DictPlacement
+from kvsim.kvcache.compact_tier import (
+    PAGE_IDS,
+    Bits,
+    CompactLRU,
+    DensePlacement,
+    DictPlacement,
+)
 from kvsim.kvcache.hierarchy import Hierarchy, LowerTier
 from kvsim.kvcache.link import Link
 from kvsim.policies.base import BlockInfo
@@ -47,6 +54,35 @@ def test_bits_small_and_large_batches():
     bits.remove_many(large[::2])
     bits.remove_many([9])
     assert sorted(bits) == sorted([3, 10, 700, *large[1::2]])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.lists(st.integers(0, 6 * PAGE_IDS), max_size=80)),
+        max_size=30,
+    )
+)
+def test_paged_bits_hold_what_a_set_holds(batches):
+    """Adds and removes, in small (Python) and large (numpy) batches over several pages: the
+    same members as a set, and pages emptied give their slots to the next pages filled."""
+    bits, reference = Bits(), set()
+    probe = np.arange(-3, 7 * PAGE_IDS)
+    for adding, keys in batches:
+        keys = list(dict.fromkeys(keys))
+        if adding:
+            keys = [k for k in keys if k not in reference]
+            bits.add_many(keys)
+            reference.update(keys)
+        else:
+            keys = [k for k in keys if k in reference]
+            bits.remove_many(keys)
+            reference.difference_update(keys)
+        assert bits.count == len(reference)
+        assert list(bits) == sorted(reference)
+        assert bits.members(probe).tolist() == [int(k) in reference for k in probe]
+        pages = {k // PAGE_IDS for k in reference}
+        assert len(bits.buf) // (PAGE_IDS // 8) - len(bits.free) == len(pages)
 
 
 class Model:
