@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, islice, takewhile
 
-from kvsim.kvcache.compact_tier import CompactLRU, dense
+from kvsim.kvcache.compact_tier import CompactLRU
 from kvsim.policies.base import BlockInfo, EvictionPolicy, RequestHint
 
 
@@ -168,8 +168,6 @@ class BlockPool:
         self.version += 1
         refs = self.refs
         keys = hashes[start:end]
-        if type(self.policy) is CompactLRU and not dense(keys):  # its queue holds int32 ids
-            self.policy = self.policy.to_lru()
         if self.reports_misses:
             info = self.info
             info.now_s = now_s
@@ -212,7 +210,15 @@ class BlockPool:
             freed, freed_at = list(compress(keys, zero)), list(compress(at, zero))
         if freed:
             self.info.now_s = now_s
-            self.policy.add_many(freed, freed_at, _Parents(hashes, freed_at), self.info)
+            parents = _Parents(hashes, freed_at)
+            try:
+                self.policy.add_many(freed, freed_at, parents, self.info)
+            except OverflowError:
+                if type(self.policy) is not CompactLRU:
+                    raise
+                # a key no int32 holds (a hand-made hash, a salted id): back to LRU's dicts
+                self.policy = self.policy.to_lru()
+                self.policy.add_many(freed, freed_at, parents, self.info)
 
     def check(self) -> None:
         """Assert the pool's accounting invariants (tests call this)."""

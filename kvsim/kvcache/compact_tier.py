@@ -363,7 +363,13 @@ class CompactLRU(EvictionPolicy):
     def add_many(
         self, keys: list[int], positions: list[int], parents: list[int], info: BlockInfo
     ) -> None:
-        self._queue.extend(keys)
+        """Raises OverflowError, adding none, if a key does not fit an int32."""
+        size = len(self._queue)
+        try:
+            self._queue.extend(keys)
+        except OverflowError:
+            del self._queue[size:]
+            raise
         self._live += len(keys)
 
     def pin_many(self, keys: list[int], evictable: list[bool], info: BlockInfo) -> None:
