@@ -161,11 +161,11 @@ def test_the_horizon_found_stepping_back_is_the_engines(lmsys_file, dram_blocks)
     resolved = resolve(config)
     trace = load_trace(lmsys_file)
     source = TraceRequests(trace, resolved.engine.config.block_size)
-    capacity = slices.capacity_blocks(resolved.engine, trace)
+    blocks = slices.fleet_horizon_blocks(resolved.engine, trace)
     arrival = source.arrival_s
     found = 0
     for start in np.quantile(arrival, [0.2, 0.5, 0.8, 0.99]):
-        warm = replay_horizon(source, np.flatnonzero(arrival < start), capacity)
+        warm = replay_horizon(source, np.flatnonzero(arrival < start), blocks)
         reached = warm.size < int((arrival < start).sum())
         expected = float(arrival[warm].min()) if reached else -math.inf
         for rows in (slices.InMemory(trace), _file_rows(lmsys_file)):

@@ -19,7 +19,7 @@ from kvsim.engine import EngineConfig
 from kvsim.engine.assemble import RunParts, assemble
 from kvsim.engine.resolve import resolve_engine
 from kvsim.engine.trace_view import TraceRequests
-from kvsim.engine.warmup import fleet_capacity_blocks, replay_horizon, warm_up
+from kvsim.engine.warmup import horizon_blocks, replay_horizon, warm_up
 from kvsim.engine.workload import Workload
 from kvsim.hardware import load_profile
 from kvsim.metrics.requests import RequestLog
@@ -59,7 +59,7 @@ def _state_at(
         assert timed is not None
         rows = np.flatnonzero(~timed)
         if horizon:
-            rows = replay_horizon(source, rows, fleet_capacity_blocks(fleet))
+            rows = replay_horizon(source, rows, horizon_blocks(fleet))
         env.process(warm_up(env, workload, fleet, rows))
     workload.start(fleet, timeline, from_s=at_s if warm else 0.0)
     seen: list = []
@@ -139,10 +139,10 @@ def test_warm_up_rebuilds_every_tier(reqs, replicas, hbm, dram, cut) -> None:
     dram=8,
 )
 def test_the_recent_past_is_enough_for_hbm_under_lru(reqs, hbm, dram) -> None:
-    """Replaying only the requests whose blocks fill the caches twice leaves HBM as replaying
-    them all does (LRU forgets the rest). Not a lower tier: it changes only when a block is
-    written to it, so it can keep a block from before the horizon (hypothesis found a 1-block
-    DRAM that does); bench_shards.py measures what that costs with the rest."""
+    """Replaying only the requests whose blocks fill the caches and HBM once more leaves
+    HBM as replaying them all does (LRU forgets the rest). Not a lower tier: it changes only
+    when a block is written to it, so it can keep a block from before the horizon (hypothesis
+    found a 1-block DRAM that does); bench_shards.py measures what that costs with the rest."""
     trace = _trace(reqs)
     run = _run(1, hbm, dram)
     at_s = GAP_S * len(reqs) - 1.0
@@ -158,8 +158,8 @@ def test_the_horizon_keeps_the_latest_requests_that_fill_the_caches() -> None:
     rows = [Req([(100 + i, 48)], 17, arrival_s=GAP_S * i, output_hash=7000 + i) for i in range(40)]
     source = TraceRequests(make_trace(rows), 16)
     every = np.arange(40)
-    kept = replay_horizon(source, every, capacity_blocks=10)  # 20 blocks: the latest 5 requests
-    assert sorted(kept.tolist()) == list(range(35, 40))
+    kept = replay_horizon(source, every, blocks=10)  # 12 blocks: the latest 3 requests
+    assert sorted(kept.tolist()) == list(range(37, 40))
     assert sorted(replay_horizon(source, every, 10_000).tolist()) == list(range(40))
     assert replay_horizon(source, every[:0], 10).size == 0
 

@@ -18,7 +18,7 @@ from kvsim.engine.collect import collect
 from kvsim.engine.config import EngineConfig
 from kvsim.engine.resolve import ResolvedEngine, resolve_engine
 from kvsim.engine.trace_view import TraceRequests
-from kvsim.engine.warmup import fleet_capacity_blocks, replay_horizon, warm_up
+from kvsim.engine.warmup import horizon_blocks, replay_horizon, warm_up
 from kvsim.engine.window import Window, WindowMeter, WindowResult
 from kvsim.engine.workload import ProgressFn, Workload
 from kvsim.hardware.profile import HardwareProfile
@@ -67,7 +67,7 @@ def run_window(
     )
     meter = WindowMeter(env, fleet, window)
     if timed is not None and not timed.all():
-        warm = replay_horizon(source, np.flatnonzero(~timed), fleet_capacity_blocks(fleet))
+        warm = replay_horizon(source, np.flatnonzero(~timed), horizon_blocks(fleet))
         env.process(warm_up(env, workload, fleet, warm))
     workload.start(fleet, timeline, from_s=window.timed_from_s)
     env.run()

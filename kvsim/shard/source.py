@@ -32,7 +32,7 @@ from kvsim.costmodel import CostModel
 from kvsim.engine.assemble import RunParts, assemble
 from kvsim.engine.resolve import ResolvedEngine
 from kvsim.engine.trace_view import TraceRequests
-from kvsim.engine.warmup import HORIZON_FILLS, fleet_capacity_blocks
+from kvsim.engine.warmup import horizon_blocks
 from kvsim.engine.window import Window
 from kvsim.errors import TraceError
 from kvsim.shard.retime import follow_chains, service_s
@@ -118,13 +118,13 @@ def _take(trace: Trace, rows: np.ndarray) -> Trace:
                  trace.description, trace.skipped_rows, trace.warnings)  # fmt: skip
 
 
-def capacity_blocks(run: ResolvedEngine, trace: Trace) -> int:
-    """Blocks the fleet's caches hold (kvsim.engine.warmup.fleet_capacity_blocks), from a
-    fleet built and dropped: what the warm-up's horizon is measured against."""
+def fleet_horizon_blocks(run: ResolvedEngine, trace: Trace) -> int:
+    """Distinct blocks the warm-up's horizon reaches (kvsim.engine.warmup.horizon_blocks),
+    from a fleet built and dropped."""
     env = simpy.Environment()
     source = TraceRequests(trace, run.config.block_size)
     fleet = assemble(RunParts.build(env, run, source), lambda _req: None)
-    return fleet_capacity_blocks(fleet)
+    return horizon_blocks(fleet)
 
 
 def window_trace(rows: Rows, window: Window, run: ResolvedEngine) -> tuple[Trace, np.ndarray]:
@@ -140,7 +140,7 @@ def window_trace(rows: Rows, window: Window, run: ResolvedEngine) -> tuple[Trace
 def horizon_start(rows: Rows, start_s: float, run: ResolvedEngine) -> float:
     """The arrival of the earliest request the cache-only warm-up replays before `start_s`
     (kvsim.engine.warmup.replay_horizon: the latest requests whose distinct blocks reach
-    `HORIZON_FILLS` times the fleet's capacity), or -inf when it replays every earlier one.
+    `horizon_blocks`), or -inf when it replays every earlier one.
 
     Reads back a step at a time (about `STEP_ROWS` requests) and keeps only the sorted 64-bit
     hashes of the blocks it has seen, so a window that reaches back millions of requests holds
@@ -156,7 +156,7 @@ def horizon_start(rows: Rows, start_s: float, run: ResolvedEngine) -> float:
         table = trace.table
         if table.num_rows:
             if target is None:
-                target = HORIZON_FILLS * capacity_blocks(run, trace)
+                target = fleet_horizon_blocks(run, trace)
             arrival = table.column("arrival_s").to_numpy()
             order = np.argsort(-arrival, kind="stable")  # latest first, as replay_horizon
             stream, ends, lengths = _chains(table, order, block_size)
