@@ -606,8 +606,8 @@ def read_trace(
     added to any count the file already carries from its conversion. A file written before the
     hint columns existed gets their defaults (`with_hint_columns`). `first_rows` reads only the
     row groups that hold the first N rows (without `skip_bad_rows`, which must see every row to
-    count N good ones): the first hour of a day's file reads an hour, not the day, and the rows
-    after it are neither read nor checked. The caller keeps the first N of what is returned.
+    count N good ones) and returns those N rows: the first hour of a day's file reads an hour,
+    not the day, and only the rows kept are checked, wherever the row groups end.
     """
     path = Path(path)
     try:
@@ -617,6 +617,8 @@ def read_trace(
             held = np.cumsum([file.metadata.row_group(g).num_rows for g in groups])
             groups = range(int(np.searchsorted(held, first_rows)) + 1)[: len(groups)]
         table = file.read_row_groups(list(groups))
+        if first_rows is not None and not skip_bad_rows:
+            table = table.slice(0, first_rows)
         table.validate(full=True)  # a damaged page (bad UTF-8, bad offsets) stops here
     except (OSError, ValueError, pa.ArrowException) as exc:  # ValueError: bad UTF-8
         raise TraceError(f"{path}: cannot read as Parquet: {one_line(exc)}") from None
