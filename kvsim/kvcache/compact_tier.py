@@ -4,12 +4,13 @@ queue of 4-byte ids, instead of per-block Python objects.
 Why: a fleet's DRAM holds millions of blocks, and as dict entries and LRU queue entries each one
 cost about 130 bytes of Python (README, Reliability notes: 1.42 M DRAM blocks added 182 MiB to a
 100,000-request, 64-replica run). The engine's block ids are dense ints numbered by first
-appearance (kvsim.engine.trace_view), so a tier can keep one bit per id for "landed here" and a
-queue of int32 ids for its LRU order: about 1/8 byte per id of the trace plus 4 to 8 bytes per
-resident block.
+appearance (kvsim.engine.trace_view), so a tier can keep a bit per id for "landed here" and a
+queue of int32 ids for its LRU order: 4 to 8 bytes per resident block, plus the bitset's pages
+(`Bits`: only pages with members are kept, since a replica of a large fleet holds a thin,
+scattered share of the trace's ids).
 
-- `DensePlacement`: which node-local tier holds each block (a bitset per tier) and which blocks
-  are being written (a small dict: writes in flight). Keys must be ints in [0, DENSE_LIMIT).
+- `DensePlacement`: which node-local tier holds each block (a paged bitset per tier) and which
+  blocks are being written (a small dict: writes in flight). Keys must be ints in [0, DENSE_LIMIT).
 - `DictPlacement`: the same interface over one dict (any int keys): the edge mapping a hierarchy
   falls back to when a key is not a dense id (hand-made hashes in tests, shared pools' keys).
 - `CompactLRU`: least-recently-used order of one tier's evictable blocks, a FIFO of ids with

@@ -18,9 +18,9 @@ instance (STYLE habit 2); each has one `Link` to HBM, shared by loads and write-
   replica's hierarchy, with one placement map (`LowerTier.where`) that all of them read: a block
   one node writes there, every node finds. A block already in a shared tier is not written again.
 - Node-local tiers keep their placement and, under LRU, their order compactly
-  (kvsim.kvcache.compact_tier: bitsets over the engine's dense block ids, an int32 queue), not as
-  per-block Python objects; keys that are not dense ids move the hierarchy to dicts (the same
-  results, more memory).
+  (kvsim.kvcache.compact_tier: paged bitsets over the engine's dense block ids, an int32
+  queue), not as per-block Python objects; keys that are not dense ids move the hierarchy to
+  dicts (the same results, more memory).
 
 Byte conservation, which the tests check:
     written into tiers = resident + dropped from the last tier + removed by exclusive loads
