@@ -130,7 +130,7 @@ def test_warm_up_rebuilds_every_tier(reqs, replicas, hbm, dram, cut) -> None:
 @given(
     reqs=st.lists(request, min_size=20, max_size=60),
     hbm=st.integers(12, 20),
-    dram=st.integers(4, 12),
+    dram=st.integers(4, 400),  # a node's DRAM in eighths: none to several HBMs a replica
 )
 @example(  # CI's draw: HBM alike, the 1-block DRAM not (it kept a block from before the horizon)
     reqs=[(0, 1, 0, 1)] * 14
@@ -139,7 +139,7 @@ def test_warm_up_rebuilds_every_tier(reqs, replicas, hbm, dram, cut) -> None:
     dram=8,
 )
 def test_the_recent_past_is_enough_for_hbm_under_lru(reqs, hbm, dram) -> None:
-    """Replaying only the requests whose blocks fill the caches and HBM once more leaves
+    """Replaying only the requests whose blocks fill the caches once and HBM twice leaves
     HBM as replaying them all does (LRU forgets the rest). Not a lower tier: it changes only
     when a block is written to it, so it can keep a block from before the horizon (hypothesis
     found a 1-block DRAM that does); bench_shards.py measures what that costs with the rest."""

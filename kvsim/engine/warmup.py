@@ -13,15 +13,15 @@ queues in an instant replay. A session's next turn that the timed engine serves 
 towards HBM before its (estimated) arrival, as the engine does while a session thinks.
 
 Only the recent past is replayed (`replay_horizon`): the latest requests before the window
-whose blocks, counted once each, fill the fleet's caches (HBM and every tier below) once and
-HBM once more (`horizon_blocks`). Under LRU, HBM's contents depend only on the last blocks that
-fill it, so older requests change nothing there; the second fill of HBM is the slack pinned,
-partial and re-used blocks take (at exactly one fill hypothesis found an HBM it leaves off by a
-block). A lower tier changes only when a block is written to it, so it may still hold a block
-from before the horizon that this replay leaves out; frequency- or history-based policies
-remember older requests too. Both are approximations `benchmarks/bench_shards.py` measures with
-the rest (docs/sharding.md: one fill and two of every tier gave the same errors). This keeps
-a window's cost bounded by what the caches hold, not by how far into the trace it lies.
+whose blocks, counted once each, fill the fleet's caches (HBM and every tier below) once, and
+HBM at least twice (`horizon_blocks`). Under LRU, HBM's contents depend only on the last blocks
+that fill it, so older requests change nothing there; HBM's second fill is the slack pinned and
+partial blocks take (at exactly one fill hypothesis found an HBM a block off). A lower tier
+changes only when a block is written to it, so it may still hold a block from before the
+horizon that this replay leaves out; frequency- or history-based policies remember older
+requests too. Both are approximations `benchmarks/bench_shards.py` measures with the rest
+(docs/sharding.md: one fill and two of every tier gave the same errors). This keeps a window's
+cost bounded by what the caches hold, not by how far into the trace it lies.
 """
 
 from __future__ import annotations
@@ -201,24 +201,26 @@ def _replay(
 
 def horizon_blocks(fleet: Fleet) -> int:
     """Distinct blocks the warm-up replays back to: what the fleet's caches hold (every
-    replica's HBM and node-local tiers, each shared tier once), plus HBM's once more.
+    replica's HBM and node-local tiers, each shared tier once), and at least twice its HBM.
 
     Why not twice everything, as before: where the horizon binds, one fill of every tier gave
     the same errors as two (docs/sharding.md: within 0.0000 of hit ratio and 0.8 % of p99 on two
     workloads, one whose DRAM serves 44 % of its hits) and halves a late window's slice and
-    replay; HBM's own second fill costs little when the tiers below are larger."""
-    total = 0
+    replay. Why twice HBM: at exactly one fill of a fleet with little below HBM, hypothesis found
+    an HBM a block off (pinned and partial blocks take the slack); when the tiers below hold at
+    least as much as HBM, one fill of everything is already two of HBM."""
+    hbm = below = 0
     shared: set[int] = set()
     for replica in fleet.replicas:
-        total += 2 * replica.kv.pool.num_blocks
+        hbm += replica.kv.pool.num_blocks
         hierarchy = replica.kv.hierarchy
         for tier in hierarchy.tiers if hierarchy is not None else ():
             if tier.shared:
                 if id(tier) in shared:
                     continue
                 shared.add(id(tier))
-            total += tier.capacity_blocks
-    return total
+            below += tier.capacity_blocks
+    return max(hbm + below, 2 * hbm)
 
 
 #: requests whose blocks `replay_horizon` counts at once (a window can reach back millions)
