@@ -48,6 +48,12 @@ _held_blocks = attrgetter("table.held_blocks")
 _is_one = partial(eq, 1)
 
 
+def _relay(over: simpy.Event, _event: simpy.Event) -> None:
+    """Trigger `over` unless an earlier event already has."""
+    if not over.triggered:
+        over.succeed()
+
+
 def _blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
@@ -621,9 +627,14 @@ class Scheduler:
             yield env.timeout(float(ends[-1]))
             cut = False
         else:
-            self._wake = env.event()
-            yield env.timeout(float(ends[-1])) | self._wake
-            cut = self._wake.triggered and env.now - start < float(ends[-1])
+            # the run's end or a wake, whichever comes first, resumes it; each relays through
+            # `over`, one event later, as simpy's AnyOf would, without its bookkeeping
+            over = env.event()
+            wake = self._wake = env.event()
+            wake.callbacks.append(partial(_relay, over))
+            env.timeout(float(ends[-1])).callbacks.append(partial(_relay, over))
+            yield over
+            cut = wake.triggered and env.now - start < float(ends[-1])
             self._wake = None
         done = steps
         if cut:
