@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -69,6 +70,18 @@ def without_front_end(profile: HardwareProfile) -> HardwareProfile:
     the cost model's and the tiers' alone."""
     eff = dataclasses.replace(profile.efficiency, request_overhead_s=0.0)
     return dataclasses.replace(profile, efficiency=eff)
+
+
+#: the signals a terminal sends, which a child started by `nohup` or from a non-interactive
+#: shell's background job inherits as ignored (and Python then never turns SIGINT into Ctrl-C)
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def as_from_a_terminal() -> None:
+    """`preexec_fn` for a child that tests how kvsim answers signals: it starts with their
+    default actions, as from a terminal, however the test run itself was started."""
+    for signum in TERMINAL_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def run_python(*args: str) -> subprocess.CompletedProcess[str]:

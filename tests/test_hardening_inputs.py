@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Req, make_trace
+from helpers import Req, as_from_a_terminal, make_trace
 from inputs import one_line
 
 from kvsim.engine import EngineConfig, simulate
@@ -53,7 +53,13 @@ def _interrupted(cmd: list[str], ready, delay_s: float, cwd: Path) -> tuple[int,
     SIGINT; the exit code and the stderr lines after the ready one (import-time lines left
     out)."""
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=cwd, env=_env()
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=_env(),
+        preexec_fn=as_from_a_terminal,
     )
     try:
         while True:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import as_from_a_terminal
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads process groups from /proc"
@@ -72,6 +73,7 @@ def sweep(tmp_path):
             stdout=subprocess.DEVNULL,
             stderr=sink,
             start_new_session=True,
+            preexec_fn=as_from_a_terminal,
         )
     try:
         deadline = time.monotonic() + STARTUP_S
