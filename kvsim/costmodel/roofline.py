@@ -344,8 +344,8 @@ class RooflineCostModel(ChunkedPrefill):
             attention = self._attention_s(flops, nbytes)
         if self.plain_clock:
             fixed = float(self._linear_at(n, n)) + self.overhead_s
-            return np.cumsum(fixed + attention)
-        return np.cumsum(self.clock.steps(float(self._linear_at(n, n)) + attention, n))
+            return (fixed + attention).cumsum()
+        return self.clock.steps(float(self._linear_at(n, n)) + attention, n).cumsum()
 
     def block_recompute_s(self, block_size: int) -> tuple[float, float]:
         """(base, per position) seconds to recompute one block as part of a prefill, so the

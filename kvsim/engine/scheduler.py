@@ -639,7 +639,7 @@ class Scheduler:
         done = steps
         if cut:
             elapsed = env.now - start
-            step = int(np.searchsorted(ends, elapsed, side="left"))
+            step = int(ends.searchsorted(elapsed, side="left"))
             done = min(step + 1, steps)
             remaining = float(ends[done - 1]) - elapsed
             if remaining > 0:
