@@ -146,12 +146,12 @@ class Scheduler:
         if self.request_overhead_s > 0:
             self._claim(request)
             self.arriving += 1
-            self.env.process(self._after_front_end(request))
+            done = self.env.timeout(self.request_overhead_s)
+            done.callbacks.append(partial(self._after_front_end, request))
         else:
             self.enqueue(request)
 
-    def _after_front_end(self, request: Request):
-        yield self.env.timeout(self.request_overhead_s)
+    def _after_front_end(self, request: Request, _event: simpy.Event) -> None:
         self.arriving -= 1
         self.waiting.append(request)
         self._notify()
