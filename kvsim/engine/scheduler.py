@@ -634,10 +634,11 @@ class Scheduler:
         env = self.env
         running = list(self.running)  # the batch of this run; a load may append to the list
         ends = self.pricer.run_ends_s(running, steps)
+        run_s = float(ends[-1])
         self.run_reserved_blocks = need
         start = env.now
         if self.round_left:  # a multi-step round: nothing cuts it
-            yield env.timeout(float(ends[-1]))
+            yield env.timeout(run_s)
             cut = False
         else:
             # the run's end or a wake, whichever comes first, resumes it; each relays through
@@ -645,9 +646,9 @@ class Scheduler:
             over = env.event()
             wake = self._wake = env.event()
             wake.callbacks.append(partial(_relay, over))
-            env.timeout(float(ends[-1])).callbacks.append(partial(_relay, over))
+            env.timeout(run_s).callbacks.append(partial(_relay, over))
             yield over
-            cut = wake.triggered and env.now - start < float(ends[-1])
+            cut = wake.triggered and env.now - start < run_s
             self._wake = None
         done = steps
         if cut:
