@@ -136,6 +136,8 @@ def main() -> None:
     parser.add_argument("--sweep", choices=["replicas", "length"])
     parser.add_argument("--progress", type=int, metavar="N", help="CPU time every N requests")
     args, _ = parser.parse_known_args()
+    if args.progress is not None and args.progress < 1:
+        parser.error(f"--progress: expected a number of requests >= 1, got {args.progress}")
     if args.sweep:
         base = [a for a in sys.argv[1:] if a not in ("--sweep", args.sweep)]
         sweep(args.sweep, base)
