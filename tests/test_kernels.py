@@ -19,7 +19,7 @@ from kvsim.calibrate.kernel_fit import (
     fit_kernels,
     predict_allreduce,
 )
-from kvsim.costmodel.kernels import allreduce_s, blend
+from kvsim.costmodel.kernels import allreduce_s, blend, summed
 from kvsim.costmodel.roofline import RooflineCostModel, compute_dtype_for
 from kvsim.engine import EngineConfig, simulate
 from kvsim.hardware import load_profile
@@ -35,6 +35,30 @@ def test_blend_is_the_roofline_at_infinity_and_a_norm_otherwise() -> None:
     assert float(blend(1.0, 1.0, 2.0)) == pytest.approx(math.sqrt(2))
     # far from the ridge the larger term dominates
     assert float(blend(1.0, 1e-6, 1.3)) == pytest.approx(1.0, rel=1e-6)
+
+
+def test_a_summed_context_has_numpy_pairwise_bits() -> None:
+    """Ints are added exactly in Python; floats go to numpy, whose pairwise sum differs from
+    Python's left-to-right one (0.1 a thousand times: 99.9999999999986 against 100.0...)."""
+    rng = np.random.default_rng(5)
+    for size in (1, 7, 130, 4000):
+        ints = rng.integers(0, 1 << 21, size).tolist()
+        assert summed(ints) == float(np.asarray(ints, dtype=np.float64).sum())
+        assert summed(np.asarray(ints)) == summed(ints)
+    tenths = [0.1] * 1000
+    assert sum(tenths) != float(np.sum(tenths))  # the two orders differ here
+    assert summed(tenths) == float(np.sum(tenths))
+
+
+def test_a_decode_run_priced_from_a_list_has_the_array_bits() -> None:
+    """The scheduler prices a run from its requests' contexts as a list (no numpy round trip):
+    the same bits as from an array, with and without sliding windows."""
+    profile = load_profile("h100-sxm")
+    contexts = [1200, 800, 30000, 450, 2222, 1500, 9]
+    for name in ("llama-3.1-8b", "gemma-2-27b"):
+        cost = RooflineCostModel(load_model(name), profile)
+        from_array = cost.decode_run_ends_s(np.asarray(contexts, dtype=np.float64), 40)
+        assert cost.decode_run_ends_s(contexts, 40).tolist() == from_array.tolist()
 
 
 def test_allreduce_takes_the_cheapest_algorithm() -> None:

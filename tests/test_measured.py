@@ -156,6 +156,8 @@ def test_decode_runs_match_single_iterations(tiny) -> None:
     ends = cost.decode_run_ends_s(contexts, 5)
     steps = [cost.iteration_time_s([], contexts + k) for k in range(5)]
     assert np.allclose(ends, np.cumsum(steps))
+    # the engine passes a list of ints (summed in Python): the same bits as the array
+    assert cost.decode_run_ends_s(contexts.tolist(), 5).tolist() == ends.tolist()
     assert cost.prefill_time_s(300, chunk=128) == pytest.approx(
         sum(cost.iteration_time_s([(n, c)], []) for n, c in ((128, 0), (128, 128), (44, 256)))
     )

@@ -56,6 +56,17 @@ def as_float(x):
     return np.asarray(x, dtype=np.float64)
 
 
+def summed(contexts: list[int] | np.ndarray) -> float:
+    """A batch's summed context, with the bits numpy's pairwise sum gives: a list of ints is
+    added exactly in Python (in any order then, and without numpy's per-call overhead, which
+    dominates a coalesced decode run's pricing); anything else by numpy."""
+    if isinstance(contexts, list):
+        total = sum(contexts)
+        if isinstance(total, int):
+            return float(total)
+    return float(np.asarray(contexts, dtype=np.float64).sum())
+
+
 def blend(compute_s: np.ndarray | float, memory_s: np.ndarray | float, p: float):
     """The soft roofline: the p-norm of the compute and memory times (p = inf is their max)."""
     if math.isinf(p):

@@ -17,7 +17,7 @@ from kvsim.costmodel.chunked_prefill import ChunkedPrefill
 from kvsim.costmodel.engine_terms import IterationClock
 from kvsim.costmodel.family_rooflines import LayerAttention, elementwise_roofline, gemm_roofline
 from kvsim.costmodel.interpolate import RateCurve, RateGrid, Roofline, rate_curve
-from kvsim.costmodel.kernels import allreduce_s
+from kvsim.costmodel.kernels import allreduce_s, summed
 from kvsim.costmodel.roofline import RooflineCostModel
 from kvsim.costmodel.shapes import supported
 from kvsim.engines import EngineProfile
@@ -187,7 +187,7 @@ class MeasuredCostModel(ChunkedPrefill):
 
     def decode_run_ends_s(
         self,
-        contexts: np.ndarray,
+        contexts: np.ndarray | list[int],
         steps: int,
         growth: float | None = None,
         total: float | None = None,
@@ -200,13 +200,13 @@ class MeasuredCostModel(ChunkedPrefill):
         fixed = linear + self.overhead_s
         offsets = np.arange(steps, dtype=np.float64)
         if growth is not None:
-            start = float(np.mean(contexts)) if total is None else total / max(n, 1)
+            start = summed(contexts) / n if total is None else total / max(n, 1)
             attn = self._mean_decode_s(n, start + growth / max(n, 1) * offsets)
         elif self.windowed:
-            work = contexts[None, :].astype(np.float64) + offsets[:, None]
+            work = np.asarray(contexts, dtype=np.float64)[None, :] + offsets[:, None]
             attn = self.decode_attention_s(work)
         else:
-            attn = self._mean_decode_s(n, float(np.mean(contexts)) + offsets)
+            attn = self._mean_decode_s(n, summed(contexts) / n + offsets)
         if self.clock.overlap:
             return np.cumsum(self.clock.steps(linear + attn, n))
         return np.cumsum(fixed + attn)

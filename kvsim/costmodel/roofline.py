@@ -41,6 +41,7 @@ from kvsim.costmodel.kernels import (
     KernelRates,
     as_float,
     elementwise_bytes_per_token,
+    summed,
 )
 from kvsim.engines import EngineProfile
 from kvsim.hardware.attention_pairs import windowed_pairs
@@ -242,19 +243,12 @@ class RooflineCostModel(ChunkedPrefill):
         self, contexts: list[int] | np.ndarray, total: float | None = None
     ) -> tuple[float, float]:
         """`_decode_work` of one step, in Python floats: a group without a window needs only
-        the summed context (`total` when the caller has it), which for a list of ints is exact
-        however it is added (otherwise numpy adds it pairwise, as `_decode_work` does, so the
-        bits are the same)."""
+        the summed context (`total` when the caller has it; else `summed`, whose bits are
+        those `_decode_work` gets)."""
         n = len(contexts)
-        if total is None and isinstance(contexts, list):
-            exact = sum(contexts)
-            if isinstance(exact, int):  # floats are added pairwise below, as numpy does
-                total = exact
-        array = None
-        if total is None or self.windowed:
-            array = np.asarray(contexts, dtype=np.float64)
-            if total is None:
-                total = array.sum()
+        if total is None:
+            total = summed(contexts)
+        array = np.asarray(contexts, dtype=np.float64) if self.windowed else None
         flops = 0.0
         nbytes = 0.0
         for g in self.groups:
@@ -314,7 +308,7 @@ class RooflineCostModel(ChunkedPrefill):
 
     def decode_run_ends_s(
         self,
-        contexts: np.ndarray,
+        contexts: np.ndarray | list[int],
         steps: int,
         growth: float | None = None,
         total: float | None = None,
@@ -326,16 +320,16 @@ class RooflineCostModel(ChunkedPrefill):
         n = len(contexts)
         offsets = np.arange(steps, dtype=np.float64)
         if growth is not None:
-            start = float(contexts.sum()) if total is None else total
+            start = summed(contexts) if total is None else total
             attended = start + growth * offsets + n
             flops = attended * self.flops_per_pair
             nbytes = attended * self.kv_bytes_per_token + n * self.state_bytes_per_seq
         elif self.windowed:
-            work = contexts[None, :].astype(np.float64) + offsets[:, None]
+            work = np.asarray(contexts, dtype=np.float64)[None, :] + offsets[:, None]
             flops, nbytes = self._decode_work(work)
         else:
             # no window: attention work is linear in the summed context, so avoid the matrix
-            attended = float(contexts.sum()) + n * offsets + n
+            attended = summed(contexts) + n * offsets + n
             flops = attended * self.flops_per_pair
             nbytes = attended * self.kv_bytes_per_token + n * self.state_bytes_per_seq
         if self.rates.splits_attention:

@@ -87,8 +87,7 @@ class PlainPricer:
         raise AssertionError("only offloaded KV is fetched")
 
     def run_ends_s(self, running: list[Request], steps: int) -> np.ndarray:
-        contexts = np.fromiter(map(_computed, running), dtype=np.float64, count=len(running))
-        return self.cost.decode_run_ends_s(contexts, steps)
+        return self.cost.decode_run_ends_s(list(map(_computed, running)), steps)
 
 
 class LinearPricer(PlainPricer):
