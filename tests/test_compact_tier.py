@@ -81,6 +81,9 @@ def test_paged_bits_hold_what_a_set_holds(batches):
         assert bits.count == len(reference)
         assert list(bits) == sorted(reference)
         assert bits.members(probe).tolist() == [int(k) in reference for k in probe]
+        # `absent` in a Python pass (few keys) and a numpy one, and keys no int64 holds
+        for keys in (probe.tolist()[::300], [*probe.tolist(), 1 << 70]):
+            assert bits.absent(keys) == [k for k in keys if k not in reference]
         pages = {k // PAGE_IDS for k in reference}
         assert len(bits.buf) // (PAGE_IDS // 8) - len(bits.free) == len(pages)
 

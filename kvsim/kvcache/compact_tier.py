@@ -84,6 +84,25 @@ class Bits:
         bit = (slot << _SHIFT) | (key & _MASK)
         return bool(self.buf[bit >> 3] & _BIT[bit & 7])
 
+    def absent(self, keys: list[int]) -> list[int]:
+        """The keys that are not members (any ints), in their order."""
+        if len(keys) >= _BATCH:
+            ids = _as_ids(keys)
+            if ids is not None:
+                return list(compress(keys, (~self.members(ids)).tolist()))
+        table, buf, pages = self.table, self.buf, len(self.table)
+        out = []
+        for k in keys:  # `__contains__` inlined: a call per key was most of its cost
+            page = k >> _SHIFT
+            if 0 <= page < pages:
+                slot = table[page]
+                if slot >= 0:
+                    bit = (slot << _SHIFT) | (k & _MASK)
+                    if buf[bit >> 3] & _BIT[bit & 7]:
+                        continue
+            out.append(k)
+        return out
+
     def _slot(self, page: int) -> int:
         """The slot of `page`, which is given one (zeroed) if it has none."""
         table = self.table
@@ -105,9 +124,15 @@ class Bits:
             return
         buf = self.buf
         if len(keys) < _BATCH:
-            slot_of = self._slot
+            table = self.table
+            pages = len(table)
             for k in keys:
-                bit = (slot_of(k >> _SHIFT) << _SHIFT) | (k & _MASK)
+                page = k >> _SHIFT
+                slot = table[page] if page < pages else -1
+                if slot < 0:  # a page without a slot yet (or past the table): give it one
+                    slot = self._slot(page)
+                    pages = len(table)
+                bit = (slot << _SHIFT) | (k & _MASK)
                 buf[bit >> 3] |= _BIT[bit & 7]
         else:
             ids = np.fromiter(keys, np.int64, len(keys))
@@ -245,16 +270,8 @@ class DensePlacement:
         if self.incoming:
             keys = list(filterfalse(self.incoming.__contains__, keys))
         for bits in self.landed:
-            if not keys or not bits.count:
-                continue
-            if len(keys) < _BATCH:
-                keys = list(filterfalse(bits.__contains__, keys))
-            else:
-                ids = _as_ids(keys)
-                if ids is None:
-                    keys = list(filterfalse(bits.__contains__, keys))
-                else:
-                    keys = list(compress(keys, (~bits.members(ids)).tolist()))
+            if keys and bits.count:
+                keys = bits.absent(keys)
         return keys
 
     def write(self, keys: list[int], tier: int) -> None:
