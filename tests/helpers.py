@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.traces.schema import KIND_CODES, Trace, make_trace_table
@@ -63,6 +64,12 @@ def make_trace(reqs: Sequence[Req], name: str = "test") -> Trace:
         description="hand-made test trace",
     )
     return Trace.from_table(table)
+
+
+def same_table(a: pa.Table, b: pa.Table) -> bool:
+    """Equal tables, a NaN equal to a NaN in the same cell (a one-token reply has no TPOT);
+    pyarrow's `Table.equals` calls two identical runs with a NaN different."""
+    return a.schema == b.schema and a.to_pandas().equals(b.to_pandas())
 
 
 def without_front_end(profile: HardwareProfile) -> HardwareProfile:

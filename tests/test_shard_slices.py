@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import same_table
 
 from kvsim.engine import EngineConfig
 from kvsim.engine.window import Window
@@ -54,14 +55,9 @@ def _config(path: str, **run) -> RunConfig:
     return RunConfig(trace=path, engine=engine, **run)
 
 
-def _equal(a: pa.Table, b: pa.Table) -> bool:
-    """Equal tables, a NaN equal to a NaN in the same cell (pyarrow's `equals` says no)."""
-    return a.schema == b.schema and a.to_pandas().equals(b.to_pandas())
-
-
 def _same(a, b) -> None:
-    assert _equal(a.result.requests, b.result.requests)
-    assert _equal(a.result.timeline, b.result.timeline)
+    assert same_table(a.result.requests, b.result.requests)
+    assert same_table(a.result.timeline, b.result.timeline)
     drop = lambda s: {k: v for k, v in s.items() if k not in MACHINE}  # noqa: E731
     assert drop(a.summary) == drop(b.summary)
 
@@ -87,7 +83,7 @@ def test_a_late_window_reads_only_its_horizon(lmsys_file) -> None:
         trace, where = slices.window_trace(copy.file, window, resolved.engine)
         loaded = slices.InMemory(retimed_trace(resolved, load_trace(lmsys_file)))
         whole, rows = slices.window_trace(loaded, window, resolved.engine)
-        assert _equal(trace.table, whole.table) and np.array_equal(where, rows)
+        assert same_table(trace.table, whole.table) and np.arraysame_table(where, rows)
         before = int((copy.arrival_s < start - 5.0).sum())
         kept = int((trace.table.column("arrival_s").to_numpy() < start - 5.0).sum())
         assert 0 < kept < before  # the caches hold less than the trace before the window
