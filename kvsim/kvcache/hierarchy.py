@@ -369,6 +369,8 @@ class Hierarchy:
             if admitted:
                 tier.stats.refused += len(pending) - len(admitted)
                 self._store(tier, admitted)
+                if len(admitted) == len(pending):  # the usual case: the first tier took all
+                    return
                 admitted_set = set(admitted)
                 pending = [k for k in pending if k not in admitted_set]
             else:
