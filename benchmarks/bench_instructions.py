@@ -1,0 +1,156 @@
+"""Instructions the simulator executes per request: a speed figure this shared machine's noise
+does not move, for comparing two versions of the hot path.
+
+    python benchmarks/bench_instructions.py                    # 3,000 requests, 4 small replicas
+    python benchmarks/bench_instructions.py --requests 6000 --json out.json
+    PYTHONPATH=/path/to/other/checkout python benchmarks/bench_instructions.py   # another version
+
+Why: CPU time here moves by a quarter within the hour (README, "How big runs grow"), so two
+versions compare only side by side, and even then a few per cent is within the noise. Valgrind
+counts the instructions a process executes, the same on every run of the same code and inputs
+(`PYTHONHASHSEED` is fixed). Instructions are not seconds, since cache misses and branches
+weigh too, but they follow the interpreter's work, which is where this simulator spends its time.
+
+The workload is the 1 M-request fleet run's late phase in miniature: LMSYS-shaped sessions on 4
+replicas with HBM and DRAM small enough that HBM evicts to DRAM, and DRAM evicts, from the
+first minutes. The child process runs twice under `valgrind --tool=cachegrind
+--cache-sim=no`, once with the simulation and once without it (imports, trace synthesis and
+loading); the difference is the simulation's. Needs valgrind (Debian's package); asserts
+nothing: the figures go in the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SESSIONS_PER_S_PER_REPLICA = 137.0 / 64  # the 1 M-request run's load on each of its replicas
+_TOTAL = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
+
+
+def child(args: argparse.Namespace) -> None:
+    """The measured process: build the trace and the run; simulate unless `--skip`."""
+    from kvsim.engine import EngineConfig, simulate
+    from kvsim.hardware import load_profile
+    from kvsim.metrics import summarize
+    from kvsim.models import load_model
+    from kvsim.traces import load_trace
+
+    trace = load_trace(args.trace)
+    config = EngineConfig(
+        replicas=args.replicas,
+        router="round-robin",
+        num_gpu_blocks=args.gpu_blocks,
+        tier_capacity=f"dram={args.dram_blocks * args.block_bytes}B",
+    )
+    model, profile = load_model("llama-3.1-8b"), load_profile("h100-sxm")
+    if args.skip:
+        return
+    summary = summarize(simulate(trace, model, profile, config))
+    dram = summary["tiers"]["dram"]
+    figures = {k: summary[k] for k in ("requests", "prefix_hit_ratio", "ttft_p50_s")}
+    figures |= {"evicted_from_hbm": summary["evicted_blocks"], "dram": dram}
+    print(json.dumps(figures))
+
+
+def run_child(args: argparse.Namespace, trace: Path, skip: bool, valgrind: list[str]) -> str:
+    """What the child printed, run under `valgrind` (a command prefix, or none)."""
+    command = [
+        *valgrind,
+        sys.executable,
+        __file__,
+        "--child",
+        "--trace",
+        str(trace),
+        "--replicas",
+        str(args.replicas),
+        "--gpu-blocks",
+        str(args.gpu_blocks),
+        "--dram-blocks",
+        str(args.dram_blocks),
+        *(["--skip"] if skip else []),
+    ]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        sys.exit(f"bench_instructions: the child failed: {done.stderr.strip()[-2000:]}")
+    return done.stdout.strip()
+
+
+def instructions(args: argparse.Namespace, trace: Path, skip: bool) -> tuple[int, str]:
+    """(instructions the child executed, what it printed) under cachegrind."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "cachegrind.out"
+        cachegrind = ["--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"]
+        printed = run_child(args, trace, skip, ["valgrind", *cachegrind])
+        found = _TOTAL.search(out.read_text())
+        assert found, "cachegrind wrote no summary line"
+        return int(found.group(1)), printed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--gpu-blocks", type=int, default=3000, help="HBM blocks per replica")
+    parser.add_argument(
+        "--dram-blocks", type=int, default=6000, help="DRAM blocks per node, shared by its replicas"
+    )
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--skip", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--trace", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.block_bytes = 16 * 131072  # llama-3.1-8b, bf16: 128 KiB a token, 16 tokens a block
+    if args.child:
+        child(args)
+        return
+    if args.requests < 1:
+        parser.error(f"--requests: expected at least 1, got {args.requests}")
+    if shutil.which("valgrind") is None:
+        sys.exit("bench_instructions: valgrind is not installed (Debian: apt install valgrind)")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "lmsys.parquet"
+        rate = SESSIONS_PER_S_PER_REPLICA * args.replicas
+        synth = ["trace", "synth", "lmsys", "--requests", str(args.requests), "--rate", str(rate)]
+        subprocess.run(
+            [sys.executable, "-m", "kvsim", *synth, "-o", str(trace)],
+            check=True,
+            capture_output=True,
+        )
+        # once without valgrind first: modules compiled now are not counted below (a checkout's
+        # first run writes its bytecode caches, which cost instructions no later run spends)
+        run_child(args, trace, skip=False, valgrind=[])
+        with_run, printed = instructions(args, trace, skip=False)
+        without, _ = instructions(args, trace, skip=True)
+    import kvsim
+
+    simulated = with_run - without
+    point = {
+        "code": str(Path(kvsim.__file__).parent.parent),
+        "requests": args.requests,
+        "replicas": args.replicas,
+        "gpu_blocks": args.gpu_blocks,
+        "dram_blocks": args.dram_blocks,
+        "instructions": simulated,
+        "instructions_per_request": round(simulated / args.requests),
+        "startup_instructions": without,
+        "result": json.loads(printed),
+        "wall_s": round(time.perf_counter() - start, 1),
+    }
+    print(json.dumps(point))
+    if args.json:
+        args.json.write_text(json.dumps(point, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
