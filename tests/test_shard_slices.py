@@ -83,7 +83,7 @@ def test_a_late_window_reads_only_its_horizon(lmsys_file) -> None:
         trace, where = slices.window_trace(copy.file, window, resolved.engine)
         loaded = slices.InMemory(retimed_trace(resolved, load_trace(lmsys_file)))
         whole, rows = slices.window_trace(loaded, window, resolved.engine)
-        assert same_table(trace.table, whole.table) and np.arraysame_table(where, rows)
+        assert same_table(trace.table, whole.table) and np.array_equal(where, rows)
         before = int((copy.arrival_s < start - 5.0).sum())
         kept = int((trace.table.column("arrival_s").to_numpy() < start - 5.0).sum())
         assert 0 < kept < before  # the caches hold less than the trace before the window
