@@ -7,16 +7,17 @@ does not move, for comparing two versions of the hot path.
 
 Why: CPU time here moves by a quarter within the hour (README, "How big runs grow"), so two
 versions compare only side by side, and even then a few per cent is within the noise. Valgrind
-counts the instructions a process executes, the same on every run of the same code and inputs
-(`PYTHONHASHSEED` is fixed). Instructions are not seconds, since cache misses and branches
-weigh too, but they follow the interpreter's work, which is where this simulator spends its time.
+counts the instructions a process executes: four runs of the same code came within 0.2 % of
+each other (`PYTHONHASHSEED` is fixed; temporary paths still differ). Instructions are not
+seconds, since cache misses and branches weigh too, but they follow the interpreter's work,
+which is where this simulator spends its time.
 
 The workload is the 1 M-request fleet run's late phase in miniature: LMSYS-shaped sessions on 4
 replicas with HBM and DRAM small enough that HBM evicts to DRAM, and DRAM evicts, from the
-first minutes. The child process runs twice under `valgrind --tool=cachegrind
---cache-sim=no`, once with the simulation and once without it (imports, trace synthesis and
-loading); the difference is the simulation's. Needs valgrind (Debian's package); asserts
-nothing: the figures go in the README.
+first minutes. The child process runs once plain (to write the bytecode caches), then twice
+under `valgrind --tool=cachegrind --cache-sim=no`, with the simulation and without it (imports
+and loading the trace); the difference is the simulation's. Needs valgrind (Debian's package);
+asserts nothing: the figures go in the README.
 """
 
 from __future__ import annotations
