@@ -7,16 +7,17 @@ does not move, for comparing two versions of the hot path.
 
 Why: CPU time here moves by a quarter within the hour (README, "How big runs grow"), so two
 versions compare only side by side, and even then a few per cent is within the noise. Valgrind
-counts the instructions a process executes: four runs of the same code came within 0.2 % of
+counts the instructions a process executes: six runs of the same code came within 0.4 % of
 each other (`PYTHONHASHSEED` is fixed; temporary paths still differ). Instructions are not
 seconds, since cache misses and branches weigh too, but they follow the interpreter's work,
 which is where this simulator spends its time.
 
 The workload is the 1 M-request fleet run's late phase in miniature: LMSYS-shaped sessions on 4
 replicas with HBM and DRAM small enough that HBM evicts to DRAM, and DRAM evicts, from the
-first minutes. The child process runs once plain (to write the bytecode caches), then twice
-under `valgrind --tool=cachegrind --cache-sim=no`, with the simulation and without it (imports
-and loading the trace); the difference is the simulation's. Needs valgrind (Debian's package);
+first minutes. The child process draws the trace itself (seed 0) and runs once plain (to
+write the bytecode caches), then twice under `valgrind --tool=cachegrind --cache-sim=no`, with
+the simulation and without it (imports, drawing the trace, building the run); the difference is
+the simulation's. Needs valgrind (Debian's package);
 asserts nothing: the figures go in the README.
 """
 
@@ -38,21 +39,22 @@ _TOTAL = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
 
 
 def child(args: argparse.Namespace) -> None:
-    """The measured process: build the trace and the run; simulate unless `--skip`."""
+    """The measured process: draw the trace and build the run; simulate unless `--skip`."""
     from kvsim.engine import EngineConfig, simulate
     from kvsim.hardware import load_profile
     from kvsim.metrics import summarize
-    from kvsim.models import load_model
+    from kvsim.models import kv_bytes_per_block, load_model
     from kvsim.traces import load_trace
 
-    trace = load_trace(args.trace)
+    rate = SESSIONS_PER_S_PER_REPLICA * args.replicas
+    trace = load_trace("lmsys", max_requests=args.requests, rate=rate, seed=0)
+    model, profile = load_model("llama-3.1-8b"), load_profile("h100-sxm")
     config = EngineConfig(
         replicas=args.replicas,
         router="round-robin",
         num_gpu_blocks=args.gpu_blocks,
-        tier_capacity=f"dram={args.dram_blocks * args.block_bytes}B",
+        tier_capacity=f"dram={args.dram_blocks * kv_bytes_per_block(model)}B",
     )
-    model, profile = load_model("llama-3.1-8b"), load_profile("h100-sxm")
     if args.skip:
         return
     summary = summarize(simulate(trace, model, profile, config))
@@ -62,23 +64,11 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(figures))
 
 
-def run_child(args: argparse.Namespace, trace: Path, skip: bool, valgrind: list[str]) -> str:
+def run_child(args: argparse.Namespace, skip: bool, valgrind: list[str]) -> str:
     """What the child printed, run under `valgrind` (a command prefix, or none)."""
-    command = [
-        *valgrind,
-        sys.executable,
-        __file__,
-        "--child",
-        "--trace",
-        str(trace),
-        "--replicas",
-        str(args.replicas),
-        "--gpu-blocks",
-        str(args.gpu_blocks),
-        "--dram-blocks",
-        str(args.dram_blocks),
-        *(["--skip"] if skip else []),
-    ]
+    command = [*valgrind, sys.executable, __file__, "--child", *(["--skip"] if skip else [])]
+    command += ["--requests", str(args.requests), "--replicas", str(args.replicas)]
+    command += ["--gpu-blocks", str(args.gpu_blocks), "--dram-blocks", str(args.dram_blocks)]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
@@ -86,12 +76,12 @@ def run_child(args: argparse.Namespace, trace: Path, skip: bool, valgrind: list[
     return done.stdout.strip()
 
 
-def instructions(args: argparse.Namespace, trace: Path, skip: bool) -> tuple[int, str]:
+def instructions(args: argparse.Namespace, skip: bool) -> tuple[int, str]:
     """(instructions the child executed, what it printed) under cachegrind."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cachegrind.out"
         cachegrind = ["--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"]
-        printed = run_child(args, trace, skip, ["valgrind", *cachegrind])
+        printed = run_child(args, skip, ["valgrind", *cachegrind])
         found = _TOTAL.search(out.read_text())
         assert found, "cachegrind wrote no summary line"
         return int(found.group(1)), printed
@@ -108,9 +98,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--skip", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--trace", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.block_bytes = 16 * 131072  # llama-3.1-8b, bf16: 128 KiB a token, 16 tokens a block
     if args.child:
         child(args)
         return
@@ -119,20 +107,11 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         sys.exit("bench_instructions: valgrind is not installed (Debian: apt install valgrind)")
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "lmsys.parquet"
-        rate = SESSIONS_PER_S_PER_REPLICA * args.replicas
-        synth = ["trace", "synth", "lmsys", "--requests", str(args.requests), "--rate", str(rate)]
-        subprocess.run(
-            [sys.executable, "-m", "kvsim", *synth, "-o", str(trace)],
-            check=True,
-            capture_output=True,
-        )
-        # once without valgrind first: modules compiled now are not counted below (a checkout's
-        # first run writes its bytecode caches, which cost instructions no later run spends)
-        run_child(args, trace, skip=False, valgrind=[])
-        with_run, printed = instructions(args, trace, skip=False)
-        without, _ = instructions(args, trace, skip=True)
+    # once without valgrind first: modules compiled now are not counted below (a checkout's
+    # first run writes its bytecode caches, which cost instructions no later run spends)
+    run_child(args, skip=False, valgrind=[])
+    with_run, printed = instructions(args, skip=False)
+    without, _ = instructions(args, skip=True)
     import kvsim
 
     simulated = with_run - without
