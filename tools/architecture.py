@@ -23,7 +23,16 @@ PACKAGE = ROOT / "kvsim"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "foundation",
-        ("errors", "units", "textio", "tomlwrite", "atomic", "plugins", "plugin_params"),
+        (
+            "errors",
+            "units",
+            "textio",
+            "tomlwrite",
+            "atomic",
+            "plugins",
+            "plugin_params",
+            "compiled",
+        ),
     ),
     ("inputs", ("models", "hardware", "engines", "traces", "compression", "capacity")),
     ("pluggable choices", ("costmodel", "policies", "routers")),

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, islice, takewhile
+from typing import ClassVar
 
 from kvsim.kvcache.compact_tier import CompactLRU
 from kvsim.policies.base import BlockInfo, EvictionPolicy, RequestHint
@@ -59,7 +60,7 @@ class _Parents(Sequence[int]):
 class BlockPool:
     """`num_blocks` physical blocks: free (uncached), cached (pinned or evictable), or in use."""
 
-    head_granular = False
+    head_granular: ClassVar[bool] = False
     """True for kvsim.kvcache.group_pool.GroupPool (frees KV-head groups, not whole blocks)."""
     lossy_blocks = 0
     """Blocks of the last ``acquire`` that hit missing KV-head groups (always 0 here)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import compress, filterfalse, islice, repeat, takewhile
 
 import numpy as np
@@ -136,10 +136,10 @@ class Bits:
                 buf[bit >> 3] |= _BIT[bit & 7]
         else:
             ids = np.fromiter(keys, np.int64, len(keys))
-            pages = ids >> _SHIFT
-            for page in np.unique(pages).tolist():
+            id_pages = ids >> _SHIFT
+            for page in np.unique(id_pages).tolist():
                 self._slot(page)
-            bits = self._bits(pages, ids)
+            bits = self._bits(id_pages, ids)
             view = np.frombuffer(buf, np.uint8)
             np.bitwise_or.at(view, bits >> 3, np.left_shift(1, bits & 7).astype(np.uint8))
             del view
@@ -379,7 +379,7 @@ class CompactLRU(EvictionPolicy):
         self._live += 1
 
     def add_many(
-        self, keys: list[int], positions: list[int], parents: list[int], info: BlockInfo
+        self, keys: list[int], positions: list[int], parents: Sequence[int], info: BlockInfo
     ) -> None:
         """Raises OverflowError, adding none, if a key does not fit an int32."""
         size = len(self._queue)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 from itertools import islice
-from typing import cast
+from typing import ClassVar, cast
 
 from kvsim.kvcache.block_pool import BlockPool
 from kvsim.policies.base import EvictionPolicy, GroupScorer
@@ -42,7 +42,7 @@ _Entry = tuple[float, int, int, int]
 class GroupPool(BlockPool):
     """`num_blocks` blocks of `groups` slots each; evictable blocks lose groups one by one."""
 
-    head_granular = True
+    head_granular: ClassVar[bool] = True
 
     def __init__(
         self, num_blocks: int, policy: EvictionPolicy, block_bytes: int = 1, journal: bool = False
@@ -178,8 +178,11 @@ class GroupPool(BlockPool):
         while slots:
             entry = pop(heap)
             key, group = entry[2], entry[3]
-            if live.get((key, group)) is not entry:
-                continue  # stale: re-ordered, pinned or evicted since
+            # stale: re-ordered, pinned or evicted since. Compared by value, as the compiled
+            # build (kvsim.compiled) copies tuples; a stale entry equal to the live one pops
+            # right beside it, so which of the two is taken changes nothing.
+            if live.get((key, group)) != entry:
+                continue
             del live[(key, group)]
             slots -= 1
             mask = masks[key]

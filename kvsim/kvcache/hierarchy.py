@@ -242,7 +242,7 @@ class Hierarchy:
                 done = tier.link.transfer(nbytes, pieces=pieces, source=self.source)
                 if tier.bounce is not None:
                     done = self._then(done, tier.bounce, nbytes, pieces)
-            done.callbacks.append(lambda _ev, tier=tier, group=group: self._loaded(tier, group))
+            done.callbacks.append(lambda _ev, tier=tier, group=group: self._loaded(tier, group))  # type: ignore[misc]
             events.append(done)
         return simpy.AllOf(self.env, events)
 
@@ -252,7 +252,7 @@ class Hierarchy:
 
         def hop(_ev: simpy.Event) -> None:
             moved = link.transfer(nbytes, pieces=pieces, source=self.source)
-            moved.callbacks.append(lambda _e: done.succeed())
+            moved.callbacks.append(lambda _e: done.succeed())  # type: ignore[arg-type]
 
         first.callbacks.append(hop)
         return done
@@ -379,7 +379,7 @@ class Hierarchy:
 
     def _store(self, tier: LowerTier, keys: list[int]) -> None:
         if tier.shared:  # another node may have put it there already
-            keys = list(filterfalse(tier.where.__contains__, keys))  # type: ignore[union-attr]
+            keys = list(filterfalse(tier.where.__contains__, keys))  # type: ignore[union-attr,operator]
         elif self.where.dense and not dense(keys):
             self._to_dicts()
         overflow = tier.used + len(keys) - tier.capacity_blocks

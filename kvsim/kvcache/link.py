@@ -41,8 +41,10 @@ import simpy
 class LinkStats:
     """What a link measured: bytes each way, time busy, and delay caused by sharing."""
 
-    bytes_read: int = 0  # towards HBM
-    bytes_written: int = 0  # away from HBM
+    # bytes as given: whole bytes from the hierarchy, fractions from the fluid model's users
+    # (int | float keeps an int an int where the module is compiled; kvsim.compiled)
+    bytes_read: int | float = 0  # towards HBM
+    bytes_written: int | float = 0  # away from HBM
     transfers: int = 0
     busy_s: float = 0.0
     queueing_s: float = 0.0  # summed over transfers: actual duration - duration alone
@@ -102,7 +104,7 @@ class Link:
         self._active = 0  # transfers started and not finished
 
     def transfer(
-        self, nbytes: int, write: bool = False, pieces: int = 1, source: int = 0
+        self, nbytes: int | float, write: bool = False, pieces: int = 1, source: int = 0
     ) -> simpy.Event:
         """Start moving `nbytes` (a read towards HBM, or a write away from it) as `pieces` DMA
         copies for `source`; the returned event fires when the last byte has arrived."""
@@ -125,7 +127,7 @@ class Link:
             self._join(done, work_s, write, source)
         return done
 
-    def work_s(self, nbytes: int, pieces: int = 1, write: bool = False) -> float:
+    def work_s(self, nbytes: int | float, pieces: int = 1, write: bool = False) -> float:
         """Seconds of the link alone that `nbytes` in `pieces` copies need (no latency)."""
         work = nbytes / (self.write_bytes_per_s if write else self.read_bytes_per_s)
         if self.overhead_s > 0:

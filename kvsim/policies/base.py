@@ -144,7 +144,7 @@ class EvictionPolicy(ABC):
         """The next block to evict; raises LookupError when nothing is evictable."""
 
     def add_many(
-        self, keys: list[int], positions: list[int], parents: list[int], info: BlockInfo
+        self, keys: list[int], positions: list[int], parents: Sequence[int], info: BlockInfo
     ) -> None:
         """Several blocks became evictable, in this order; ``positions[i]`` and ``parents[i]``
         describe ``keys[i]`` (the shared ``info`` carries the rest, e.g. ``now_s``)."""

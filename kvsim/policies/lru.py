@@ -9,6 +9,7 @@ tree by construction; the engine never counts a hit past a missing parent.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from itertools import compress, repeat
 from operator import eq
 
@@ -37,7 +38,7 @@ class LRU(EvictionPolicy):
         self._stamps.append(self._clock)
 
     def add_many(
-        self, keys: list[int], positions: list[int], parents: list[int], info: BlockInfo
+        self, keys: list[int], positions: list[int], parents: Sequence[int], info: BlockInfo
     ) -> None:
         # one int object per stamp, shared by the dict and the queue (a range would make two)
         stamps = list(range(self._clock + 1, self._clock + 1 + len(keys)))

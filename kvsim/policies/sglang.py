@@ -24,6 +24,7 @@ hit was capped at input - 1 tokens) is not touched, as SGLang's insert touches i
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 
 from kvsim.policies.base import BlockInfo, EvictionPolicy
 
@@ -135,7 +136,7 @@ class SGLang(EvictionPolicy):
         self._candidate(node)
 
     def add_many(
-        self, keys: list[int], positions: list[int], parents: list[int], info: BlockInfo
+        self, keys: list[int], positions: list[int], parents: Sequence[int], info: BlockInfo
     ) -> None:
         """One request's release (deepest first): touch its path, and the blocks not seen
         before become new nodes (one per run of consecutive ones), as SGLang's insert does."""

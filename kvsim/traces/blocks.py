@@ -21,6 +21,7 @@ from __future__ import annotations
 from itertools import pairwise
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 
@@ -84,7 +85,7 @@ def _mix_post_arr(pre: np.ndarray, c: np.ndarray) -> np.ndarray:
     return out
 
 
-def mix(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+def mix(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> np.ndarray:
     """Mix chain value `a`, content hash `b` and token count `c` (uint64 arrays, broadcast).
 
     Order matters (mix(a, b, c) != mix(b, a, c)) and the result is never 0.
