@@ -1,20 +1,23 @@
 """The hot-path modules that an optional build compiles to C with mypyc, and which of them
 this process runs compiled.
 
-kvsim is pure Python. A non-editable install with `KVSIM_COMPILE=1` (README, "Compiled build")
-compiles the modules below: the per-block work of the block pool and the lower tiers, where a
-fleet run spends about 40 % of its self time (cProfile), for 15 % fewer instructions in all. The
-results are the same bits: CI runs benchmarks/result_digests.py under both builds and compares
-them. These modules must type-check (setup.py; pyproject.toml's `[tool.mypy]`), and their
-annotations must hold at run time: a compiled function checks its arguments' declared types.
+kvsim is pure Python. `KVSIM_COMPILE=1 python setup.py build_ext --inplace` in a checkout
+(README, "Compiled build") compiles the modules below beside their sources, where Python imports
+them first. Results are the same bits: CI runs benchmarks/result_digests.py under both builds and
+compares them. These modules must type-check (setup.py; pyproject.toml's `[tool.mypy]`), and
+their annotations must hold at run time: a compiled function checks its arguments' types.
 
-This module imports nothing from kvsim: setup.py reads `HOT_MODULES` from it at build time.
+This module imports nothing from kvsim: setup.py reads `HOT_MODULES` from it at build time, and
+kvsim's `__init__` asks it for stale extensions before anything is imported.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+from hashlib import sha256
 from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
 
 HOT_MODULES = (
     "kvsim.kvcache.block_pool",
@@ -23,7 +26,16 @@ HOT_MODULES = (
     "kvsim.kvcache.hierarchy",
     "kvsim.kvcache.link",
     "kvsim.kvcache.manager",
+    "kvsim.engine.scheduler",
+    "kvsim.engine.pricing",
+    "kvsim.costmodel.kernels",
+    "kvsim.costmodel.roofline",
+    "kvsim.costmodel.engine_terms",
 )
+
+_ROOT = Path(__file__).resolve().parent.parent
+#: the sources' digests when the extensions beside them were built (setup.py writes it)
+RECORD = _ROOT / "kvsim" / "compiled_sources.json"
 
 
 def compiled_modules() -> list[str]:
@@ -33,3 +45,34 @@ def compiled_modules() -> list[str]:
         for name in HOT_MODULES
         if str(importlib.import_module(name).__file__).endswith(tuple(EXTENSION_SUFFIXES))
     ]
+
+
+def source_digests() -> dict[str, str]:
+    """Each hot module's source, hashed: what setup.py records next to the extensions it
+    builds, and what `stale_extensions` compares against."""
+    return {name: sha256(_source(name).read_bytes()).hexdigest() for name in HOT_MODULES}
+
+
+def stale_extensions() -> list[str]:
+    """Compiled modules whose source changed since they were built: Python would go on running
+    the old code. Compares content, not times, so a checkout that rewrites a file unchanged
+    is not stale."""
+    built = [name for name in HOT_MODULES if _extension(name) is not None]
+    if not built:
+        return []
+    record = RECORD.read_text() if RECORD.exists() else "{}"
+    digests, now = json.loads(record), source_digests()
+    return [name for name in built if digests.get(name) != now[name]]
+
+
+def _source(name: str) -> Path:
+    return _ROOT.joinpath(*name.split(".")).with_suffix(".py")
+
+
+def _extension(name: str) -> Path | None:
+    source = _source(name)
+    for suffix in EXTENSION_SUFFIXES:
+        built = source.with_name(source.stem + suffix)
+        if built.exists():
+            return built
+    return None

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
+from kvsim.compiled import compiled_modules
 from kvsim.hardware.profile import HardwareProfile
 from kvsim.traces.schema import KIND_CODES, Trace, make_trace_table
 
@@ -110,3 +112,12 @@ def in_process(capsys, *args: str) -> tuple[int, str, str]:
         code = exc.code
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def unless_compiled(module: str) -> pytest.MarkDecorator:
+    """Skip a test that patches `module`'s code where the compiled build runs it
+    (kvsim.compiled): compiled callers reach its methods and constants directly, past a patch,
+    so the test would check nothing."""
+    return pytest.mark.skipif(
+        module in compiled_modules(), reason=f"patches {module}, which runs compiled here"
+    )

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import Req, make_trace
+from helpers import Req, make_trace, unless_compiled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -132,6 +132,7 @@ def clusters(draw):
     return reqs, engine
 
 
+@unless_compiled("kvsim.engine.scheduler")
 @settings(
     max_examples=int(os.environ.get("KVSIM_EXAMPLES", 40)),
     deadline=None,

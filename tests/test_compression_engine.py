@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import simpy
-from helpers import Req, make_trace
+from helpers import Req, make_trace, unless_compiled
 
 from kvsim.capacity import profile_capacity_report
 from kvsim.compression import bytes_per_kept_token, compressed_kv_bytes, parse_compression
@@ -169,6 +169,7 @@ def test_token_dropping_blocks_are_not_reused_but_same_profile_short_prompts_are
 
 
 # -- compaction ---------------------------------------------------------------------------------
+@unless_compiled("kvsim.kvcache.manager")
 def test_token_dropping_holds_its_kept_blocks_after_prefill(monkeypatch):
     seen = {}
     compact, free = KVCacheManager.compact, KVCacheManager.free

@@ -10,8 +10,8 @@ one that does drop tokens keeps its hits pinned when the pool cannot give it pag
 from __future__ import annotations
 
 import pytest
+from helpers import unless_compiled
 
-from kvsim.compiled import compiled_modules
 from kvsim.compression import bytes_per_kept_token, compressed_kv_bytes, parse_compression
 from kvsim.engine import EngineConfig
 from kvsim.kvcache.manager import KVCacheManager
@@ -85,10 +85,7 @@ def test_keeping_everything_at_the_base_width_holds_what_none_holds(text):
     }
 
 
-@pytest.mark.skipif(
-    "kvsim.kvcache.block_pool" in compiled_modules(),
-    reason="wraps a BlockPool method, which a compiled class does not allow",
-)
+@unless_compiled("kvsim.kvcache.manager")  # and a BlockPool method, which it does not allow
 def test_a_dropping_request_keeps_its_hits_when_the_pool_cannot_give_pages(monkeypatch):
     # default streaming: a prompt inside its 2,004 tokens whose reply will pass them drops
     # nothing yet, but is compacted; its hits, pinned by other requests too, cannot be traded

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import Req, make_trace, same_table
+from helpers import Req, make_trace, same_table, unless_compiled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -120,6 +120,7 @@ def test_coalesced_decode_matches_step_by_step():
         np.testing.assert_allclose(fast[key], slow[key], rtol=1e-9, err_msg=key)
 
 
+@unless_compiled("kvsim.engine.scheduler")
 @pytest.mark.parametrize("small_batch", [4, 10_000], ids=["mixed", "lists"])
 def test_decode_batches_count_their_blocks_alike_in_lists_and_arrays(monkeypatch, small_batch):
     """A decode batch's block count runs in lists up to `SMALL_BATCH` requests and in numpy
@@ -173,6 +174,7 @@ def workloads(draw):
     return reqs, engine
 
 
+@unless_compiled("kvsim.engine.scheduler")
 @settings(
     max_examples=int(os.environ.get("KVSIM_EXAMPLES", 60)),
     deadline=None,

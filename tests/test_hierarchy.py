@@ -7,7 +7,7 @@ import dataclasses
 import os
 
 import pytest
-from helpers import Req, make_trace, same_table, without_front_end
+from helpers import Req, make_trace, same_table, unless_compiled, without_front_end
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -202,6 +202,7 @@ def tiered_workloads(draw):
     return reqs, engine
 
 
+@unless_compiled("kvsim.engine.scheduler")
 @settings(
     max_examples=int(os.environ.get("KVSIM_EXAMPLES", 40)),
     deadline=None,

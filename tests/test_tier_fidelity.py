@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 import simpy
-from helpers import Req, make_trace, without_front_end
+from helpers import Req, make_trace, unless_compiled, without_front_end
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_hierarchy import tiered_workloads
@@ -363,6 +363,7 @@ def test_overlap_roughly_halves_ttft_when_load_equals_compute():
     assert lw["ttft_s"] < 0.6 * none["ttft_s"]
 
 
+@unless_compiled("kvsim.engine.scheduler")
 @settings(
     max_examples=int(os.environ.get("KVSIM_EXAMPLES", 25)),
     deadline=None,

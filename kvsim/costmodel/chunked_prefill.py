@@ -7,6 +7,8 @@ from `iteration_time_s` once for both.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -16,7 +18,7 @@ class ChunkedPrefill:
     _alone: dict[tuple[int, int, int | None], float] | None = None  # prefill_time_s memo
 
     def iteration_time_s(
-        self, prefill: list[tuple[int, int]], decode_contexts: list[int] | np.ndarray
+        self, prefill: list[tuple[int, int]], decode_contexts: Sequence[float] | np.ndarray
     ) -> float:
         raise NotImplementedError
 

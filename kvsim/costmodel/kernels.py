@@ -23,7 +23,9 @@ of decode steps is priced in one call.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -56,12 +58,13 @@ def as_float(x):
     return np.asarray(x, dtype=np.float64)
 
 
-def summed(contexts: list[int] | np.ndarray) -> float:
+def summed(contexts: Sequence[float] | np.ndarray) -> float:
     """A batch's summed context, with the bits numpy's pairwise sum gives: a list of ints is
     added exactly in Python (in any order then, and without numpy's per-call overhead, which
     dominates a coalesced decode run's pricing); anything else by numpy."""
     if isinstance(contexts, list):
-        total = sum(contexts)
+        items: list[Any] = contexts  # ints or floats: compiled (kvsim.compiled), each kept as is
+        total = sum(items)
         if isinstance(total, int):
             return float(total)
     return float(np.asarray(contexts, dtype=np.float64).sum())
@@ -76,8 +79,8 @@ def blend(compute_s: np.ndarray | float, memory_s: np.ndarray | float, p: float)
         return top * ((compute_s / top) ** p + (memory_s / top) ** p) ** (1.0 / p)
     c = np.asarray(compute_s, dtype=np.float64)
     m = np.asarray(memory_s, dtype=np.float64)
-    top = np.maximum(np.maximum(c, m), 1e-300)
-    return top * ((c / top) ** p + (m / top) ** p) ** (1.0 / p)
+    tops = np.maximum(np.maximum(c, m), 1e-300)
+    return tops * ((c / tops) ** p + (m / tops) ** p) ** (1.0 / p)
 
 
 def allreduce_s(
@@ -180,7 +183,13 @@ class KernelRates:
         """Whether decode attention has terms of its own (`decode_attention_s`)."""
         return self.decode_attention_bytes_per_s is not None
 
-    def decode_attention_s(self, flops, nbytes, layers: float = 1.0, sequences: float = 0.0):
+    def decode_attention_s(
+        self,
+        flops,
+        nbytes,
+        layers: float | np.ndarray = 1.0,
+        sequences: float | np.ndarray = 0.0,  # an array of batch sizes when fitting
+    ):
         """Decode attention of ``sequences`` sequences over ``layers`` layers: bandwidth-bound,
         at the share of HBM bandwidth decode kernels reach, with their own fixed cost per layer
         and per sequence per layer."""

@@ -11,6 +11,8 @@ to one model, TP degree and dtype (``mismatch`` says why they do not apply).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from kvsim.costmodel.chunked_prefill import ChunkedPrefill
@@ -156,7 +158,7 @@ class MeasuredCostModel(ChunkedPrefill):
     def iteration_time_s(
         self,
         prefill: list[tuple[int, int]],
-        decode_contexts: list[int] | np.ndarray,
+        decode_contexts: Sequence[float] | np.ndarray,
         decode_total: float | None = None,
     ) -> float:
         """Seconds for one iteration; arguments as in ``RooflineCostModel.iteration_time_s``."""

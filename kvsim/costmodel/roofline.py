@@ -30,6 +30,7 @@ Measured tables from calibration replace this model when a profile carries them
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -240,7 +241,7 @@ class RooflineCostModel(ChunkedPrefill):
         return flops, nbytes
 
     def _decode_step_work(
-        self, contexts: list[int] | np.ndarray, total: float | None = None
+        self, contexts: Sequence[float] | np.ndarray, total: float | None = None
     ) -> tuple[float, float]:
         """`_decode_work` of one step, in Python floats: a group without a window needs only
         the summed context (`total` when the caller has it; else `summed`, whose bits are
@@ -253,7 +254,7 @@ class RooflineCostModel(ChunkedPrefill):
         nbytes = 0.0
         for g in self.groups:
             if g.window:
-                attended = float(np.minimum(array, g.window).sum()) + n
+                attended = float(np.minimum(array, g.window).sum()) + n  # type: ignore[arg-type]
             else:
                 attended = float(total) + n
             flops += attended * g.flops_per_pair
@@ -269,7 +270,7 @@ class RooflineCostModel(ChunkedPrefill):
     def iteration_time_s(
         self,
         prefill: list[tuple[int, int]],
-        decode_contexts: list[int] | np.ndarray,
+        decode_contexts: Sequence[float] | np.ndarray,
         decode_total: float | None = None,
     ) -> float:
         """Seconds for one iteration: `prefill` is (new tokens, cached context before them) per

@@ -159,12 +159,12 @@ class CompressedPricer:
         prefill: Prefill,
         decode: list[int],
     ) -> tuple[float, float]:
-        reads: list[float] = []  # each decode's equivalent reads (`decode` is its context)
+        reads: list[int | float] = []  # each decode's equivalent reads (`decode` is its context)
         extra = 0.0
         fetch = 0.0
         written = 0.0
         for req, n in chain(zip(decoders, repeat(1)), batch):
-            comp = req.comp
+            comp: EngineCompression | None = req.comp  # type: ignore[assignment]
             if n != 1:  # a prefill chunk: scored, quantised, written to DRAM as it is computed
                 if comp is not None:
                     extra += n * comp.prefill_token_s
@@ -203,7 +203,7 @@ class CompressedPricer:
         eq1 = np.empty(len(running))
         extra0 = extra1 = fetch0 = fetch1 = written = 0.0
         for i, req in enumerate(running):
-            comp = req.comp
+            comp: EngineCompression | None = req.comp  # type: ignore[assignment]
             c = req.computed
             if comp is None:
                 eq0[i], eq1[i] = c, c + last

@@ -83,7 +83,7 @@ def _kept_blocks_needed(
     for req, c, h in zip(running, computed.tolist(), held.tolist(), strict=True):
         t = c + steps
         if req.table.compacted:
-            blocks = req.comp.kept_blocks(t, t - req.input_tokens)
+            blocks = req.comp.kept_blocks(t, t - req.input_tokens)  # type: ignore[union-attr]
         else:
             blocks = -(-t // block_size)
         if blocks > h:
@@ -112,6 +112,11 @@ class Scheduler:
     ) -> None:
         self.env = env
         self.config = config
+        # kvsim.engine.resolve gives every run these (an engine profile's, where the user left
+        # them unset)
+        assert config.max_num_seqs is not None and config.max_num_batched_tokens is not None
+        self.max_num_seqs: int = config.max_num_seqs
+        self.max_num_batched_tokens: int = config.max_num_batched_tokens
         self.kv = kv
         self.pricer = pricer
         self.on_finish = on_finish
@@ -254,7 +259,7 @@ class Scheduler:
         iteration's budget could never fit whole and is chunked anyway."""
         if self.config.chunked_prefill or n >= prompt:
             return False
-        return prompt <= self.config.max_num_batched_tokens
+        return prompt <= self.max_num_batched_tokens
 
     def _reservation(self, req: Request, need: int) -> int:
         """Blocks that must stay free beyond ``need`` for ``req`` to start: none when only the
@@ -274,7 +279,7 @@ class Scheduler:
         """This iteration's requests, in running order then admitted: (the leading running
         requests that decode a token of a started output, most of a batch, which `_complete`
         applies without the general case's checks; (request, tokens) for the rest)."""
-        budget = self.config.max_num_batched_tokens
+        budget = self.max_num_batched_tokens
         kv = self.kv
         batch: list[tuple[Request, int]] = []
         running = self.running
@@ -318,7 +323,7 @@ class Scheduler:
             table = req.table
             if table.compacted:
                 t = computed + n
-                need = req.comp.kept_blocks(t, t - req.input_tokens) - table.held_blocks
+                need = req.comp.kept_blocks(t, t - req.input_tokens) - table.held_blocks  # type: ignore[union-attr]
             else:  # inline ceil: this runs once per running request per iteration
                 need = -(-(computed + n) // bs) - table.held_blocks
             if need <= 0:  # the usual decode step: its last block has room (no call needed)
@@ -361,8 +366,8 @@ class Scheduler:
         waiting = self.waiting
         running = self.running
         kv = self.kv
-        max_seqs = self.config.max_num_seqs
-        whole = self.config.max_num_batched_tokens  # budget left whole: nothing scheduled yet
+        max_seqs = self.max_num_seqs
+        whole = self.max_num_batched_tokens  # budget left whole: nothing scheduled yet
         bs = self.block_size
         now = self.env.now
         while waiting and budget > 0 and len(running) + len(self.loading) < max_seqs:
@@ -394,7 +399,7 @@ class Scheduler:
                 req.load_started_s = now
                 self.loading.append(req)
                 pulled = self.handoff.pull(req, hit)
-                pulled.callbacks.append(lambda _ev, req=req: self._arrived(req, -1))
+                pulled.callbacks.append(lambda _ev, req=req: self._arrived(req, -1))  # type: ignore[misc]
                 continue
             if done is not None and self.overlap != "none":
                 req.load_started_s = now
@@ -408,7 +413,7 @@ class Scheduler:
                 req.load_started_s = now
                 self.loading.append(req)
                 end = hit + len(load)
-                done.callbacks.append(lambda _ev, req=req, end=end: self._arrived(req, end))
+                done.callbacks.append(lambda _ev, req=req, end=end: self._arrived(req, end))  # type: ignore[misc]
                 continue
             running.append(req)
             batch.append((req, n))
@@ -572,7 +577,7 @@ class Scheduler:
     def _all_decoding(self) -> bool:
         """Every running request decodes one token and the batch fits one iteration."""
         running = self.running
-        if self.gated or not running or len(running) > self.config.max_num_batched_tokens:
+        if self.gated or not running or len(running) > self.max_num_batched_tokens:
             return False
         # one decode token each, tested in C: known - computed == 1 for every request, from the
         # back, where an admitted request still prefilling sits (the test then stops at once)
@@ -581,10 +586,10 @@ class Scheduler:
 
     def _cannot_admit(self) -> bool:
         running = self.running
-        if not self.waiting or len(running) + len(self.loading) >= self.config.max_num_seqs:
+        if not self.waiting or len(running) + len(self.loading) >= self.max_num_seqs:
             return True
         # the head of the queue cannot be admitted now, and decoding only takes blocks away
-        budget = self.config.max_num_batched_tokens - len(running)
+        budget = self.max_num_batched_tokens - len(running)
         if budget <= 0:
             return True
         req = self.waiting[0]
@@ -677,7 +682,7 @@ class Scheduler:
         for req in batch:
             if req.table.compacted:
                 t = req.computed + steps
-                need = req.comp.kept_blocks(t, t - req.input_tokens) - req.table.held_blocks
+                need = req.comp.kept_blocks(t, t - req.input_tokens) - req.table.held_blocks  # type: ignore[union-attr]
             else:
                 need = -(-(req.computed + steps) // bs) - req.table.held_blocks
             if need > 0:

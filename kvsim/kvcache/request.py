@@ -4,7 +4,7 @@ import nothing from the engine."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvsim.kvcache.block_table import BlockTable
 from kvsim.policies.base import RequestHint
@@ -15,6 +15,7 @@ class PageCompression(Protocol):
     kvsim.engine.compress.EngineCompression): pages held, reserved and cacheable."""
 
     salt: int  # its own range of block ids, so requests of other compressions never hit them
+    drops: bool  # it drops tokens: the scheduler compacts its pages once its prompt is scored
 
     def kept_blocks(self, context: int, generated: int = 0) -> int: ...
 
@@ -99,7 +100,8 @@ class Request:
         # chosen at admission under auto) and the most blocks it held at once
         self.comp: PageCompression | None = None
         self.kv_peak_blocks = 0
-        self.gate = None  # a load from below its compute overlaps (kvsim.engine.gates.LoadGate)
+        # a load from below its compute overlaps (kvsim.engine.gates.LoadGate: a layer up)
+        self.gate: Any = None
         self.hint: RequestHint | None = None  # what policies may know of it (session, turn, ...)
         self.reply_hint: RequestHint | None = None  # the same once its reply is known (finish)
 
