@@ -16,7 +16,9 @@ if compile_hot_path:
 
     compiled = runpy.run_path(os.path.join("kvsim", "compiled.py"))
     paths = [name.replace(".", "/") + ".py" for name in compiled["HOT_MODULES"]]
-    ext_modules = mypycify(paths, opt_level="3", debug_level="0")
+    # one shared library for them all, inside the package (an editable install maps only the
+    # package, not the checkout's root, onto the import path)
+    ext_modules = mypycify(paths, opt_level="3", debug_level="0", group_name="kvsim.hot_path")
 
 setup(ext_modules=ext_modules)
 
