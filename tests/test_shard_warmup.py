@@ -119,6 +119,14 @@ request = st.tuples(
     dram=st.integers(4, 40),
     cut=st.floats(0.25, 0.9),
 )
+@example(  # a fresh clone's draw: a whole cached prompt is recomputed, and the reply's block
+    # then evicts the cached copy (the replay must offer the prompt before allocating the reply)
+    reqs=[(2, 1, 0, 1), (0, 1, 0, 1), (1, 6, 9, 40), (2, 1, 0, 2), (0, 1, 0, 1)],
+    replicas=1,
+    hbm=12,
+    dram=4,
+    cut=0.875,
+)
 def test_warm_up_rebuilds_every_tier(reqs, replicas, hbm, dram, cut) -> None:
     trace = _trace(reqs)
     run = _run(replicas, hbm, dram)

@@ -59,16 +59,17 @@ def serve_instantly(kv: KVCacheManager, req: Request, now_s: float) -> int:
     kv.admit(req, plan, now_s, True)
     if load:  # the blocks arrive in no time (the tiers below unpin them in this instant)
         kv.loaded(req, hit + len(load), now_s)
+    # the prompt's blocks are offered before the reply's are allocated, as the engine commits
+    # a prefill before decoding: that allocation may evict an older copy of a prompt block
+    req.computed = req.known
+    kv.commit(req, now_s)
     # the engine never computes the KV of the last token it samples
     total = req.input_tokens + max(req.output_tokens - 1, 0)
     if total > req.known:
-        req.known = total
         extra = -(-total // kv.block_size) - req.table.held_blocks - req.table.reserved
-        kv.allocate_slots(req, extra)  # when the pool cannot give them, the reply is not kept
-        if kv.block_size * (req.table.held_blocks + req.table.reserved) < total:
-            req.known = req.input_tokens
-    req.computed = req.known
-    kv.commit(req, now_s)
+        if kv.allocate_slots(req, extra):  # when the pool cannot, the reply is not kept
+            req.computed = req.known = total
+            kv.commit(req, now_s)
     req.hint = req.reply_hint
     kv.free(req, now_s)
     req.table.drop_chain()
