@@ -19,6 +19,9 @@ from hashlib import sha256
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
+# A compiled class takes no interpreted subclass and does not pickle: what a sharded window
+# sends back to its caller (kvsim.metrics: the request log, timeline, attribution) stays
+# interpreted.
 HOT_MODULES = (
     "kvsim.kvcache.block_pool",
     "kvsim.kvcache.group_pool",  # subclasses BlockPool: a compiled class takes no interpreted one
@@ -31,6 +34,11 @@ HOT_MODULES = (
     "kvsim.costmodel.kernels",
     "kvsim.costmodel.roofline",
     "kvsim.costmodel.engine_terms",
+    "kvsim.engine.cluster",
+    "kvsim.engine.workload",
+    "kvsim.engine.warmup",  # WarmView subclasses cluster's LiveView
+    "kvsim.kvcache.request",
+    "kvsim.kvcache.block_table",
 )
 
 _ROOT = Path(__file__).resolve().parent.parent

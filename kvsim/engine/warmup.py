@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator, Sequence
+from functools import partial
 
 import numpy as np
 import simpy
@@ -35,6 +36,7 @@ import simpy
 from kvsim.costmodel import CostModel
 from kvsim.engine.assemble import Fleet
 from kvsim.engine.cluster import LiveView
+from kvsim.engine.scheduler import Scheduler
 from kvsim.engine.trace_view import TraceRequests
 from kvsim.engine.workload import Workload
 from kvsim.kvcache.manager import KVCacheManager
@@ -151,6 +153,7 @@ def warm_up(
     """A SimPy process: replay `rows` of the trace (in arrival order) into the fleet's caches,
     each at its arrival time, routed as the run's router would and served in an instant."""
     config = workload.run.config
+    assert config.max_num_batched_tokens is not None  # resolved
     view = WarmView(fleet, fleet.parts.cost, config.max_num_batched_tokens)
     arrival = workload.source.arrival_s
     follows = workload.every_follow
@@ -197,7 +200,11 @@ def _replay(
         if nxt >= 0 and prefetch and timed[nxt]:
             lead = max(float(arrival[nxt]) - config.prefetch_lead_s - env.now, 0.0)
             turn = workload.new_request(nxt)
-            env.timeout(lead).callbacks.append(lambda _ev, r=replica, t=turn: r.prefetch(t))
+            env.timeout(lead).callbacks.append(partial(_prefetch, replica, turn))
+
+
+def _prefetch(replica: Scheduler, turn: Request, _event: simpy.Event) -> None:
+    replica.prefetch(turn)
 
 
 def horizon_blocks(fleet: Fleet) -> int:

@@ -10,7 +10,7 @@ compression the chooser picks each request's profile as it arrives.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -83,7 +83,7 @@ class Workload:
         if fleet.view.stale:
             env.process(self._refreshes(fleet))
 
-    def _sample(self, timeline: Timeline, from_s: float) -> Iterator[simpy.Event]:
+    def _sample(self, timeline: Timeline, from_s: float) -> Generator[simpy.Event, object, None]:
         if from_s > self.env.now:
             yield self.env.timeout(from_s - self.env.now)
         yield from timeline.sample(lambda: self.done)
@@ -101,14 +101,14 @@ class Workload:
         env, config = self.env, self.run.config
         think = float(self.source.think_time_s[nxt])
         turn = self.request(nxt)
-        env.timeout(think).callbacks.append(lambda _ev, r=turn: self._issue(r))
+        env.timeout(think).callbacks.append(lambda _ev: self._issue(turn))
         assert self._fleet is not None
         replica = self._fleet.replicas[req.replica]
         if replica.kv.hierarchy and config.prefetch:
             # the session will continue: bring its blocks up before the next turn is due
             # (towards the replica that served it, where a session-aware router sends it)
             lead = max(think - config.prefetch_lead_s, 0.0)
-            env.timeout(lead).callbacks.append(lambda _ev, r=turn: replica.prefetch(r))
+            env.timeout(lead).callbacks.append(lambda _ev: replica.prefetch(turn))
 
     def unfinished(self) -> None:
         """Record the requests still in the system when the run ended."""
@@ -136,18 +136,18 @@ class Workload:
         req.comp = self._fleet.run_comp
         return req
 
-    def _arrivals(self) -> Iterator[simpy.Event]:
+    def _arrivals(self) -> Generator[simpy.Event, object, None]:
         env, source = self.env, self.source
         issued = ~source.closed_loop if self.timed is None else ~source.closed_loop & self.timed
         order = np.flatnonzero(issued)
         order = order[np.argsort(source.arrival_s[order], kind="stable")]
-        for i in order:
+        for i in order.tolist():
             delay = float(source.arrival_s[i]) - env.now
             if delay > 0:
                 yield env.timeout(delay)
             self._issue(self.request(i))
 
-    def _refreshes(self, fleet: Fleet) -> Iterator[simpy.Event]:
+    def _refreshes(self, fleet: Fleet) -> Generator[simpy.Event, object, None]:
         """New snapshots for routers every `router_refresh_s` while requests remain."""
         interval = self.run.config.router_refresh_s
         while not self.done:

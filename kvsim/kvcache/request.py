@@ -14,6 +14,7 @@ class PageCompression(Protocol):
     """What the KV-cache manager asks of a request's KV compression (the engine's
     kvsim.engine.compress.EngineCompression): pages held, reserved and cacheable."""
 
+    code: int  # its index into the run's compression labels
     salt: int  # its own range of block ids, so requests of other compressions never hit them
     drops: bool  # it drops tokens: the scheduler compacts its pages once its prompt is scored
 

@@ -23,7 +23,8 @@ ATTRIBUTION_KEYS = (
 class LiveMatches(Protocol):
     """What attribution reads of a cluster: each replica's live cached prefix of a request."""
 
-    replicas: Sequence[object]
+    @property
+    def replicas(self) -> Sequence[object]: ...
 
     def live_match(self, replica: int, request: RouteRequest) -> PrefixMatch: ...
 
