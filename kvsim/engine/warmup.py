@@ -200,6 +200,7 @@ def _replay(
         if nxt >= 0 and prefetch and timed[nxt]:
             lead = max(float(arrival[nxt]) - config.prefetch_lead_s - env.now, 0.0)
             turn = workload.new_request(nxt)
+            # bound now (a closure would see the loop's later replica and turn)
             env.timeout(lead).callbacks.append(partial(_prefetch, replica, turn))
 
 
