@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator, Sequence
-from functools import partial
 
 import numpy as np
 import simpy
@@ -36,9 +35,8 @@ import simpy
 from kvsim.costmodel import CostModel
 from kvsim.engine.assemble import Fleet
 from kvsim.engine.cluster import LiveView
-from kvsim.engine.scheduler import Scheduler
 from kvsim.engine.trace_view import TraceRequests
-from kvsim.engine.workload import Workload
+from kvsim.engine.workload import Workload, prefetch_after
 from kvsim.kvcache.manager import KVCacheManager
 from kvsim.kvcache.request import Request
 from kvsim.routers import ReplicaLoad
@@ -199,13 +197,7 @@ def _replay(
         # serves (one the warm-up serves finds the same blocks below in no time)
         if nxt >= 0 and prefetch and timed[nxt]:
             lead = max(float(arrival[nxt]) - config.prefetch_lead_s - env.now, 0.0)
-            turn = workload.new_request(nxt)
-            # bound now (a closure would see the loop's later replica and turn)
-            env.timeout(lead).callbacks.append(partial(_prefetch, replica, turn))
-
-
-def _prefetch(replica: Scheduler, turn: Request, _event: simpy.Event) -> None:
-    replica.prefetch(turn)
+            prefetch_after(env, lead, replica, workload.new_request(nxt))
 
 
 def horizon_blocks(fleet: Fleet) -> int:

@@ -23,6 +23,7 @@ from kvsim.metrics.requests import RequestLog
 
 if TYPE_CHECKING:
     from kvsim.engine.assemble import Fleet
+    from kvsim.engine.scheduler import Scheduler
     from kvsim.metrics.timeline import Timeline
 
 ProgressFn = Callable[[int, int], None]
@@ -107,8 +108,7 @@ class Workload:
         if replica.kv.hierarchy and config.prefetch:
             # the session will continue: bring its blocks up before the next turn is due
             # (towards the replica that served it, where a session-aware router sends it)
-            lead = max(think - config.prefetch_lead_s, 0.0)
-            env.timeout(lead).callbacks.append(lambda _ev: replica.prefetch(turn))
+            prefetch_after(env, max(think - config.prefetch_lead_s, 0.0), replica, turn)
 
     def unfinished(self) -> None:
         """Record the requests still in the system when the run ended."""
@@ -183,3 +183,11 @@ class Workload:
             return total > (run.num_blocks - reserved) * block_size
         prompt = -(-req.input_tokens // block_size)
         return max(prompt, c.kept_blocks(total, req.output_tokens)) > run.num_blocks
+
+
+def prefetch_after(
+    env: simpy.Environment, lead_s: float, replica: Scheduler, turn: Request
+) -> None:
+    """In `lead_s`, start bringing `turn`'s blocks towards `replica`'s HBM: a session's next
+    turn, while the session thinks (the timed engine's and the warm-up's)."""
+    env.timeout(lead_s).callbacks.append(lambda _ev: replica.prefetch(turn))
