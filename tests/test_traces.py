@@ -140,6 +140,25 @@ def test_mooncake_segments(conversation):
     assert set(seg.kinds.tolist()) == {SEGMENT_KINDS.index("opaque")}
 
 
+def test_segment_columns_of_a_slice_and_of_chunks(conversation):
+    """A single chunk is read in place (a window's slice), sliced or not, and gives what the
+    same rows copied into one fresh chunk, or split over several chunks, give."""
+    whole = segment_columns(conversation.table)
+    lo, hi = 7, 40
+    copied = pa.Table.from_pylist(conversation.table.slice(lo, hi - lo).to_pylist(),
+                                  schema=conversation.table.schema)  # fmt: skip
+    chunked = pa.concat_tables([conversation.table.slice(lo, 10),
+                                conversation.table.slice(lo + 10, hi - lo - 10)])  # fmt: skip
+    assert chunked.column("segments").num_chunks == 2
+    a, b = whole.offsets[lo], whole.offsets[hi]
+    for table in (conversation.table.slice(lo, hi - lo), copied, chunked):
+        seg = segment_columns(table)
+        assert seg.offsets.tolist() == (whole.offsets[lo : hi + 1] - a).tolist()
+        for name in ("hashes", "tokens", "kinds"):
+            assert getattr(seg, name).tolist() == getattr(whole, name)[a:b].tolist(), name
+            assert getattr(seg, name).dtype == getattr(whole, name).dtype, name
+
+
 def test_mooncake_shared_prefix_gives_equal_block_hashes(conversation):
     """Rows 0 and 1 start with the same hash id (0): their first 512-token block is shared."""
     seg = segment_columns(conversation.table)

@@ -44,18 +44,19 @@ def simulate(
 
 def run_engine(trace: Trace, run: ResolvedEngine, progress: ProgressFn | None = None) -> RunResult:
     """Replay `trace` through the run's replicas and return what they measured."""
-    return run_window(trace, run, Window(-math.inf, math.inf), progress).result
+    source = TraceRequests(trace, run.config.block_size)
+    return run_window(source, run, Window(-math.inf, math.inf), progress).result
 
 
 def run_window(
-    trace: Trace, run: ResolvedEngine, window: Window, progress: ProgressFn | None = None
+    source: TraceRequests, run: ResolvedEngine, window: Window, progress: ProgressFn | None = None
 ) -> WindowResult:
-    """`run_engine` for one window of a sharded run (kvsim.engine.window): `trace` ends at
+    """`run_engine` for one window of a sharded run (kvsim.engine.window), on the engine's view
+    of the trace (a window drops the trace's table once the view is built): the trace ends at
     the window's end; the requests before its timed start warm the caches (kvsim.engine.warmup)
     and what it counts is cut to the window."""
     wall_start = time.perf_counter()
     env = simpy.Environment()
-    source = TraceRequests(trace, run.config.block_size)
     lower_tiers = sum(1 for t in run.profile.tiers if t.name != "hbm" and t.enabled)
     arrival = source.arrival_s
     timed = None if window.whole else arrival >= window.timed_from_s

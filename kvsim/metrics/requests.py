@@ -20,6 +20,7 @@ from kvsim.kvcache.request import Request
 _FLOATS = ("arrival_s", "scheduled_s", "first_token_s", "finish_s", "load_wait_s")
 _INTS = ("cached_tokens", "preemptions", "recomputed_tokens", "rope_tokens", "transfer_bytes")
 _HEADS = ("lossy_hits", "attention_mass_lost")  # head-granular HBM only (kvsim.kvcache.group_pool)
+_STATUSES = pa.array(["rejected", "completed", "unfinished"])  # by code
 
 
 class TraceColumns(Protocol):
@@ -98,7 +99,9 @@ class RequestLog:
         ttft = np.where(done, first - arrival, nan)
         e2e = np.where(done, finish - arrival, nan)
         tpot = np.where(done & (output > 1), (finish - first) / np.maximum(output - 1, 1), nan)
-        status = np.where(rejected, "rejected", np.where(done, "completed", "unfinished"))
+        # as codes, not numpy strings (40 bytes a row: a window's slice has millions of rows)
+        code = np.where(rejected, 0, np.where(done, 1, 2)).astype(np.int8)
+        status = pa.DictionaryArray.from_arrays(code, _STATUSES).cast(pa.string())
         tiers = hierarchy.tiers if hierarchy is not None else []
         extra: dict[str, np.ndarray] = {}
         if cluster:

@@ -344,17 +344,22 @@ def _check_token_counts(
 
 
 def segment_columns(table: pa.Table) -> SegmentColumns:
-    """Flatten the segments column into numpy arrays (what the engine's hot path wants)."""
-    lists = table.column("segments").combine_chunks()
-    if isinstance(lists, pa.ChunkedArray):  # zero chunks
-        lists = pa.array([], pa.list_(SEGMENT_TYPE))
+    """Flatten the segments column into numpy arrays (what the engine's hot path wants),
+    viewing Arrow's buffers where the types agree (a window's slice: 60 MiB of hashes)."""
+    column = table.column("segments")
+    if column.num_chunks == 1:  # combining would copy it
+        lists = column.chunk(0)
+    else:
+        lists = column.combine_chunks()
+        if isinstance(lists, pa.ChunkedArray):  # zero chunks
+            lists = pa.array([], pa.list_(SEGMENT_TYPE))
     offsets = lists.offsets.to_numpy().astype(np.int64)
     flat = lists.flatten()
     offsets = offsets - offsets[0]
     kinds = pc.index_in(flat.field("kind"), value_set=pa.array(SEGMENT_KINDS))
     return SegmentColumns(
         offsets=offsets,
-        hashes=flat.field("hash").to_numpy(zero_copy_only=False).astype(np.uint64),
+        hashes=flat.field("hash").to_numpy(zero_copy_only=False).astype(np.uint64, copy=False),
         tokens=flat.field("tokens").to_numpy(zero_copy_only=False).astype(np.int64),
         kinds=kinds.fill_null(255).to_numpy(zero_copy_only=False).astype(np.uint8),
     )
