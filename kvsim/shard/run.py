@@ -160,10 +160,8 @@ def retimed_trace(resolved: ResolvedRun, trace: Trace) -> Trace:
 def run_resolved_window(
     resolved: ResolvedRun, trace: Trace, window: Window, progress: ProgressFn | None = None
 ) -> WindowResult:
-    """One window of `trace` under a resolved config (in this process)."""
-    if window.whole:
-        source = TraceRequests(trace, resolved.engine.config.block_size)
-        return run_window(source, resolved.engine, window, progress)
+    """One window of `trace` under a resolved config (in this process); a whole window reads
+    the whole trace, as it is."""
     return run_rows_window(resolved, InMemory(trace), window, progress)
 
 
