@@ -64,6 +64,7 @@ from kvsim.calibrate.vidur import (
 )
 from kvsim.costmodel import RooflineCostModel
 from kvsim.costmodel.kernels import ELEMENTWISE_KERNELS_PER_LAYER, elementwise_bytes_per_token
+from kvsim.engines import DEFAULT_ENGINE, load_engine
 from kvsim.hardware import load_profile
 from kvsim.hardware.profile import AllReduceAlgorithm
 from kvsim.models import load_model, tp_degrees
@@ -74,6 +75,7 @@ HERE = Path(__file__).resolve().parent
 SHIPPED = HERE / "data" / "vidur"
 PROFILES = {"a100": "a100-80gb", "h100": "h100-sxm"}
 BF16 = 2.0
+DEFAULT_OVERHEAD_S = load_engine(DEFAULT_ENGINE).request_overhead_s
 #: H100's HBM efficiency is held at the H200 device-to-device copy measurement (4.3 of 4.8 TB/s,
 #: ../shared/reference/hardware.md): fitted freely it runs into the 1.0 bound with no better
 #: held-out error (7.4 % against 7.3 %).
@@ -370,7 +372,8 @@ def long_prefill_attention(gpu: str = "h100") -> dict:
     def predict(eff: float) -> np.ndarray:
         e = dataclasses.replace(profile.efficiency, attention=min(1.0, eff))
         cost = RooflineCostModel(model, dataclasses.replace(profile, efficiency=e))
-        over = profile.efficiency.request_overhead_s
+        # the front end the served compute TTFT pays (validate_tiers.py runs the default engine)
+        over = profile.efficiency.request_overhead_s or DEFAULT_OVERHEAD_S
         return np.array([cost.prefill_time_s(n, 0, 8192) + over for n in lengths])
 
     fit = np.arange(len(lengths)) % 2 == 0

@@ -210,6 +210,34 @@ def test_a_short_prefill_chunk_runs_attention_below_the_long_chunks_efficiency()
         assert b_ramped == b_flat  # bytes are what they are
 
 
+def test_a_chunk_over_cached_context_pays_the_ramp_only_on_its_causal_part() -> None:
+    """The ramp was measured without a cached prefix. A 16-token chunk of Llama-3.1-8B (32
+    query heads, 8 KV heads: 4 per KV head) after 100,000 cached tokens: its 136 causal pairs
+    pay (16 + 1,850) / 16, its 1,600,000 pairs against the cache fill 16 x 4 = 64 query rows
+    of one 64-row FlashAttention-3 tile (no waste); one token fills 4 rows of 64 (16x); 40
+    tokens fill 160 rows of two 128-row tiles (1.6x)."""
+    llama = load_model("llama-3.1-8b")
+    ramped = make_cost_model(llama, _plain_h100(attention_ramp_tokens=1850.0), engine=_engine())
+    per_pair = ramped.groups[0].prefill_flops_per_pair
+    for new, waste in ((16, 1.0), (1, 16.0), (40, 256 / 160)):
+        flops, _ = ramped._prefill_pairs_and_reads(new, 100_000)
+        causal = new * (new + 1) / 2 * per_pair * (new + 1850.0) / new
+        cached = new * 100_000 * per_pair * waste
+        assert flops == pytest.approx(causal + cached, rel=1e-12)
+
+
+def test_query_tile_waste_follows_flashattention3_tiles() -> None:
+    """Rows are query tokens x query heads per KV head: up to 64 in one small tile, else whole
+    128-row tiles; a full tile wastes nothing."""
+    from kvsim.costmodel.kernels import query_tile_waste
+
+    assert query_tile_waste(1, 1) == 64.0
+    assert query_tile_waste(8, 8) == 1.0
+    assert query_tile_waste(65, 1) == pytest.approx(128 / 65)
+    assert query_tile_waste(256, 1) == 1.0
+    assert query_tile_waste(257, 1) == pytest.approx(384 / 257)
+
+
 def test_decode_attention_pays_a_cost_per_sequence_per_layer() -> None:
     """decode_attention_per_sequence_s = 50 ns: 256 sequences x 32 layers x 50 ns = 409.6 us on
     top of the same step without it, in one iteration and in a coalesced run alike."""

@@ -84,7 +84,7 @@ def _prefill_seconds(rates: KernelRates, p) -> np.ndarray:
     """kvsim's price of each measured prefill kernel: one chunk of ``isl`` new tokens per
     prompt, its FLOPs scaled up by the length ramp, then the attention roofline."""
     chunks = zip(p.flops, p.new_tokens, strict=True)
-    flops = np.array([rates.prefill_flops_at_peak_rate(f, int(n)) for f, n in chunks])
+    flops = np.array([rates.prefill_flops_at_peak_rate(f, 1.0, int(n)) for f, n in chunks])
     return np.asarray(rates.attention_s(flops, p.nbytes))
 
 

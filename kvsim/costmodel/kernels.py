@@ -49,6 +49,26 @@ def elementwise_bytes_per_token(
     return elements * dtype_bytes
 
 
+#: Query rows of one FlashAttention-3 forward tile on Hopper at head dim 128: one MMA warpgroup
+#: (64 rows) while the packed rows fit in it, else two (128) (Dao-AILab/flash-attention,
+#: hopper/heuristics.h ``use_one_mma_wg`` and hopper/tile_size.h ``tile_size_fwd_sm90``).
+QUERY_TILE_ROWS_SMALL = 64
+QUERY_TILE_ROWS = 128
+
+
+def query_tile_waste(new: int, q_per_kv: float) -> float:
+    """How many times its useful FLOPs a chunk of ``new`` query tokens computes against cached
+    keys: FlashAttention-3 packs the query heads that share a KV head into one tile's rows
+    (``pack_gqa``, always on for varlen batches, hopper/heuristics.h ``should_pack_gqa``) and
+    computes whole tiles, so a 1-token chunk of a model with 4 query heads per KV head fills
+    4 of 64 rows and does 16x the work it needs. vLLM V1 and SGLang run chunks over a cached
+    prefix through this varlen kernel."""
+    rows = max(1.0, new * q_per_kv)
+    if rows <= QUERY_TILE_ROWS_SMALL:
+        return QUERY_TILE_ROWS_SMALL / rows
+    return math.ceil(rows / QUERY_TILE_ROWS) * QUERY_TILE_ROWS / rows
+
+
 def as_float(x):
     """A scalar as a Python float, anything else as a float64 array. One kernel priced in Python
     floats gives the bits numpy's scalar arithmetic gives (the same IEEE operations and C `pow`),
@@ -201,12 +221,24 @@ class KernelRates:
         )
         return fixed + blend(compute, memory, self.ridge)
 
-    def prefill_flops_at_peak_rate(self, flops: float, new: int) -> float:
-        """A chunk of ``new`` tokens doing ``flops`` of attention, as the FLOPs it would take at
-        the efficiency long chunks reach (`attention_ramp_tokens`: short ones reach less)."""
+    def prefill_flops_at_peak_rate(
+        self, pairs: float, per_pair: float, new: int, cached: float = 0.0, q_per_kv: float = 1.0
+    ) -> float:
+        """A chunk of ``new`` tokens attending ``pairs`` (query, key) pairs of ``per_pair`` FLOPs,
+        ``cached`` of them against cached context, as the FLOPs it would take at the efficiency
+        long chunks reach. Its causal part (the new tokens among themselves) is the shape the
+        ramp was measured on (`attention_ramp_tokens`, fitted to context attention without a
+        cached prefix: a short chunk fills few query tiles and SMs). Its part against cached
+        context runs as a split-KV kernel that fills the SMs along the context, so it pays only
+        for the query tile's idle rows (`query_tile_waste`). Terms without a ramp (one
+        efficiency at any length, the fits to 2024's eager kernels) price every pair at that
+        efficiency, as they were fitted."""
         if not self.attention_ramp_tokens or new <= 0:
-            return flops
-        return flops * (new + self.attention_ramp_tokens) / new
+            return pairs * per_pair
+        causal = (pairs - cached) * per_pair * (new + self.attention_ramp_tokens) / new
+        if cached:
+            return causal + cached * per_pair * query_tile_waste(new, q_per_kv)
+        return causal
 
     def mixed_attention_s(
         self, prefill_flops, prefill_bytes, decode_flops, decode_bytes, layers, sequences=0.0

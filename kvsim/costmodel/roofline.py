@@ -47,7 +47,13 @@ from kvsim.costmodel.kernels import (
 from kvsim.engines import EngineProfile
 from kvsim.hardware.attention_pairs import windowed_pairs
 from kvsim.hardware.profile import HardwareProfile
-from kvsim.models import ModelSpec, attention_costs, linear_flops_per_token, weight_bytes
+from kvsim.models import (
+    LayerGroup,
+    ModelSpec,
+    attention_costs,
+    linear_flops_per_token,
+    weight_bytes,
+)
 from kvsim.models.dtypes import weight_dtype_bytes
 from kvsim.models.sizing import kv_heads_per_rank
 
@@ -59,6 +65,16 @@ class _Group:
     flops_per_pair: float  # decode form (MLA: absorbed latent attention)
     prefill_flops_per_pair: float  # prefill form (MLA: decompressed heads)
     state_bytes_per_seq: float
+    q_per_kv: float  # query heads per KV head in prefill (MLA decompresses: 1)
+
+
+def prefill_q_per_kv(group: LayerGroup, tp: int) -> float:
+    """Query heads per KV head on one rank as prefill attention runs: GQA/MQA share each KV
+    head among several query heads; MLA's prefill decompresses a K and V per head (1)."""
+    if group.kind not in ("full", "sliding") or not group.num_heads or not group.num_kv_heads:
+        return 1.0
+    heads = max(1, group.num_heads // tp)
+    return max(1.0, heads / kv_heads_per_rank(group.num_kv_heads, tp))
 
 
 def compute_dtype_for(weight_dtype: str, profile: HardwareProfile) -> str:
@@ -157,6 +173,7 @@ class RooflineCostModel(ChunkedPrefill):
         self.allreduce_calls = 2 * model.num_layers if tp > 1 else 0
         self.allreduce_bytes_per_token = model.hidden_size * 2.0  # bf16 activations
         costs = attention_costs(model, kv_dtype, tp)
+        attending = [g for g in model.layer_groups if g.kind != "none"]  # as attention_costs
         self.groups = tuple(
             _Group(
                 window=int(c.window or 0),
@@ -164,8 +181,9 @@ class RooflineCostModel(ChunkedPrefill):
                 flops_per_pair=float(c.flops_per_token_pair),
                 prefill_flops_per_pair=float(c.prefill_flops_per_token_pair),
                 state_bytes_per_seq=float(c.state_bytes_per_seq),
+                q_per_kv=prefill_q_per_kv(group, tp),
             )
-            for c in costs
+            for c, group in zip(costs, attending, strict=True)
         )
         self.attention_layers = sum(c.layers for c in costs)
         self.windowed = any(g.window for g in self.groups)
@@ -213,7 +231,8 @@ class RooflineCostModel(ChunkedPrefill):
         return self.allreduce_calls * self.rates.allreduce_s(nbytes, self.tp)
 
     def _prefill_pairs_and_reads(self, new: int, context: int) -> tuple[float, float]:
-        """(attention FLOPs, KV bytes read+written) of a chunk of `new` tokens after `context`."""
+        """(attention FLOPs, KV bytes read+written) of a chunk of `new` tokens after `context`;
+        the FLOPs at the rate long chunks reach (KernelRates.prefill_flops_at_peak_rate)."""
         flops = 0.0
         kv = 0.0
         for g in self.groups:
@@ -224,9 +243,12 @@ class RooflineCostModel(ChunkedPrefill):
             else:
                 pairs = new * context + new * (new + 1) / 2
                 read = context
-            flops += pairs * g.prefill_flops_per_pair
+            cached = min(pairs, float(new * read))  # the pairs against cached keys
+            flops += self.rates.prefill_flops_at_peak_rate(
+                pairs, g.prefill_flops_per_pair, new, cached, g.q_per_kv
+            )
             kv += (read + new) * g.kv_bytes_per_token + g.state_bytes_per_seq
-        return self.rates.prefill_flops_at_peak_rate(flops, new), kv
+        return flops, kv
 
     def _decode_work(self, contexts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Attention FLOPs and KV bytes of decode steps; `contexts` is (steps, sequences)."""
