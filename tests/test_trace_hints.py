@@ -69,9 +69,13 @@ def test_agentic_parents_and_the_mean_tool_wait_never_the_drawn_one():
         p = row_of[parent[i]]
         assert session[p] < params.sessions and turn[p] == 0
         assert arrival[i] == pytest.approx(arrival[p] + 0.02 * out[p])
-    # Every call but a session's last ends in a tool call; the hint is the mean wait, 0.5 s.
+    # A tool call's hint is the mean wait, 0.5 s; which replies are tool calls is drawn apart
+    # from the continuation (issue 45: tests/test_tool_hint_oracle.py), so both kinds of miss
+    # occur: a session's last reply marked, and a continuing reply unmarked.
     later = has_next_turn(tr)
-    assert set(wait[later]) == {params.tool_wait_mean_s} and set(wait[~later]) == {None}
+    assert set(wait) == {params.tool_wait_mean_s, None}
+    hinted = wait != None  # noqa: E711 (an object array of floats and None)
+    assert (hinted & ~later).any() and (~hinted & later).any()
     # ... while the drawn waits (think time of the next call) spread widely around it.
     think = np.array([t for t in col(tr, "think_time_s")[turn > 0] if t is not None], float)
     assert think.std() > 0.5 and np.isclose(think, params.tool_wait_mean_s).mean() < 0.01
@@ -82,8 +86,9 @@ def test_toolagent_tool_calls_are_known_but_not_timed():
     assert set(col(tr, "category")) == {"agent"}
     assert (col(tr, "parent_id") == previous_turns(tr)).all()
     wait = col(tr, "tool_wait_s")
-    assert set(wait[has_next_turn(tr)]) == {0.0}  # a reply a tool output follows
-    assert set(wait) <= {0.0, None}
+    later = has_next_turn(tr)
+    assert (wait[later] == 0.0).mean() > 0.95  # most replies a tool output follows are marked
+    assert set(wait) == {0.0, None}
 
 
 def test_pi_coding_agent_worked_hints():
@@ -101,12 +106,13 @@ def test_pi_coding_agent_worked_hints():
     assert set(col(tr, "category")) == {"agent"}
 
 
-def test_swe_agent_sample_observations_make_tool_calls():
+def test_swe_agent_sample_recorded_actions_make_tool_calls():
     tr = load_trace(traces_dir() / "swe-agent" / "gpt4_pydicom__pydicom-1458.traj")
     assert (col(tr, "parent_id") == previous_turns(tr)).all()
     assert col(tr, "parent_id").tolist() == [-1, *range(11)]
-    # Eleven actions answered by an observation, then the final reply with nothing after it.
-    assert col(tr, "tool_wait_s").tolist() == [0.0] * 11 + [None]
+    # Every reply records an action, the last one `submit` (no observation follows it): twelve
+    # tool calls, known when each reply was decoded, not from what came next (issue 45).
+    assert col(tr, "tool_wait_s").tolist() == [0.0] * 12
     assert set(col(tr, "category")) == {"agent"}
     folder = load_trace(traces_dir() / "swe-agent")  # three files, three sessions
     assert (col(folder, "parent_id") == previous_turns(folder)).all()

@@ -24,9 +24,12 @@ Each reply and tool output has fresh content (its own hash).
 
 Hints (`kvsim.traces.schema`): category 'agent'; a later call's parent is the call before it in
 its session, a subagent's first call's parent is the root's first call (which spawned it); a
-reply followed by a tool output has `tool_wait_s` = `tool_wait_mean_s`, the mean of the wait
-distribution, never the drawn wait. The root's spawning call also waits for its subagents; the
-hint does not include that (no tool kind here has a mean for it).
+tool call has `tool_wait_s` = `tool_wait_mean_s`, the mean of the wait distribution, never the
+drawn wait. Which replies are tool calls is drawn apart from the session's continuation with
+published abandonment and interruption rates (`kvsim.traces.toolhint`, issue 45): a session's
+last reply is sometimes a tool call that never returns, and a continuing reply is sometimes
+unmarked. The root's spawning call also waits for its subagents; the hint does not include that
+(no tool kind here has a mean for it).
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ def generate_agentic(
 ) -> Trace:
     """The `agentic` trace; same seed and params, same table."""
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence([seed, 0x61]).spawn(6)]
-    r_shape, r_tok, r_hash, r_wait, r_sub = streams[:5]
+    r_shape, r_tok, r_hash, r_wait, r_sub, r_hint = streams
     n_root = params.sessions
     root_calls = np.minimum(1 + r_shape.geometric(1 / (params.mean_calls - 1), n_root),
                             params.max_calls)  # fmt: skip
@@ -134,11 +137,11 @@ def generate_agentic(
     )
     tok[is_instr] = np.maximum(1, np.rint(instr))
     msgs = ChatMessages(offsets, kind, tok, hsh)
-    # Hints: a reply followed by a tool output is a tool call, expected back after the mean
-    # tool wait (never the drawn wait); a subagent's first call follows the root call that
-    # spawned it (the root's first).
+    # Hints: a tool call (drawn apart from the continuation: kvsim.traces.toolhint) is expected
+    # back after the mean tool wait (never the drawn wait); a subagent's first call follows the
+    # root call that spawned it (the root's first).
     req = chat_requests(msgs, np.arange(n_conv), category="agent",
-                        tool_wait_s=params.tool_wait_mean_s)  # fmt: skip
+                        tool_wait_s=params.tool_wait_mean_s, hint_rng=r_hint)  # fmt: skip
     spawned = (req.session_id >= n_root) & (req.turn == 0)
     req.parent_session[spawned] = sub_parent[req.session_id[spawned] - n_root]
     req.parent_turn[spawned] = 0

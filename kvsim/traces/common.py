@@ -20,6 +20,7 @@ import pyarrow as pa
 from kvsim.errors import TraceError
 from kvsim.textio import parse_json, read_utf8
 from kvsim.traces.schema import KIND_CODES, MAX_REQUEST_TOKENS, make_trace_table
+from kvsim.traces.toolhint import draw_tool_hints
 
 __all__ = [
     "ChatMessages",
@@ -375,7 +376,13 @@ class ChatMessages:
 
 
 def chat_requests(
-    msgs: ChatMessages, session_ids: np.ndarray, category: str = "", tool_wait_s: float = 0.0
+    msgs: ChatMessages,
+    session_ids: np.ndarray,
+    category: str = "",
+    tool_wait_s: float = 0.0,
+    *,
+    hint_rng: np.random.Generator | None = None,
+    recorded_tool_call: np.ndarray | None = None,
 ) -> Requests:
     """One request per assistant message that has a prompt before it (vectorised, no row loop).
 
@@ -384,8 +391,14 @@ def chat_requests(
     left at 0 / NaN: the caller fills them (`closed_loop_times`, or real timestamps).
 
     Hints: every row gets `category`; a later call follows the call before it in its
-    conversation; a reply followed by a `tool` message is a tool call and gets `tool_wait_s`
-    (0: its duration is unknown; a generator passes its tool-latency mean), the others null.
+    conversation; a tool call gets `tool_wait_s` (0: its duration is unknown; a generator passes
+    its tool-latency mean), the others null. Which replies are tool calls (issue 45: never simply
+    "the session continues", which would tell a policy the future):
+    - `recorded_tool_call` (per message; 1 yes, 0 no, -1 not recorded): what the source recorded
+      of the reply itself, known when it was decoded (SWE-agent's `action`);
+    - else `hint_rng`: drawn from the truth by `kvsim.traces.toolhint` (generators);
+    - else, and for -1 above, a reply followed by a `tool` message (a source whose abandoned
+      calls are not recorded; chat sources have no tool messages, so no tool calls).
     """
     kinds = np.asarray(msgs.kinds, np.uint8)
     tokens = _i64(msgs.tokens)
@@ -410,11 +423,12 @@ def chat_requests(
     group = np.maximum.accumulate(np.where(first_call, np.arange(calls.size), 0))
     turn = np.arange(calls.size, dtype=np.int64) - group
     after = np.minimum(calls + 1, max(conv.size - 1, 0))
-    is_tool_call = (
+    continues = (
         (calls + 1 < conv.size) & (conv[after] == call_conv) & (kinds[after] == KIND_CODES["tool"])
         if calls.size
         else np.zeros(0, bool)
     )
+    is_tool_call = _tool_calls(continues, call_conv, hint_rng, recorded_tool_call, keep, calls)
     session = _i64(session_ids)[call_conv]
     req = Requests(
         session_id=session,
@@ -433,6 +447,23 @@ def chat_requests(
     )
     req.follow_previous_turn()
     return req
+
+
+def _tool_calls(
+    continues: np.ndarray,
+    call_conv: np.ndarray,
+    rng: np.random.Generator | None,
+    recorded: np.ndarray | None,
+    keep: np.ndarray,
+    calls: np.ndarray,
+) -> np.ndarray:
+    """Which calls' replies are hinted as tool calls (`chat_requests`' rules, in order)."""
+    if recorded is not None:
+        known = np.asarray(recorded, np.int8)[keep][calls]
+        return np.where(known >= 0, known == 1, continues)
+    if rng is not None:
+        return draw_tool_hints(continues, call_conv, rng)
+    return continues
 
 
 def closed_loop_times(

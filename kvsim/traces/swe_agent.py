@@ -12,9 +12,11 @@ no wall-clock times, so the session starts at 0 (files after the first: see `rea
 the think time before call k+1 is step k's `execution_time` when the file has it, else 0 (the next
 call issues as soon as the previous reply ends).
 
-Hints: category 'agent'; each later call follows the call before it; a reply followed by an
-observation is a tool call, `tool_wait_s` 0 (the file holds no expected duration, and its
-`execution_time` is the observed gap, which would show the future).
+Hints: category 'agent'; each later call follows the call before it; a reply is a tool call,
+`tool_wait_s` 0, when it records an `action` or `tool_calls` (what a server knows once the reply
+is decoded; issue 45): so the final `submit`, whose session ends, is one too. Files without those
+fields fall back to "an observation follows". The file holds no expected duration, and its
+`execution_time` is the observed gap, which would show the future.
 """
 
 from __future__ import annotations
@@ -52,13 +54,26 @@ def _text(content: object) -> str | None:
     return None
 
 
-def _parse(path: Path, shown: str, errors: RowErrors) -> tuple[list[int], list[str], list[float]]:
+def _recorded_tool_call(msg: dict) -> int:
+    """1 if the reply carries an action or a function call (a tool call, known when it was
+    decoded), 0 if it records neither, -1 if the file does not say (no such field)."""
+    if "action" not in msg and "tool_calls" not in msg:
+        return -1
+    action = msg.get("action")
+    return int(bool(msg.get("tool_calls")) or (isinstance(action, str) and bool(action.strip())))
+
+
+def _parse(
+    path: Path, shown: str, errors: RowErrors
+) -> tuple[list[int], list[str], list[float], list[int]]:
+    """(kinds, texts, each step's execution time, each message's recorded tool call)."""
     data = read_json(path, shown)
     history = data.get("history") if isinstance(data, dict) else None
     if not isinstance(history, list):
         raise TraceError(f"{shown}: field 'history': missing or not a list")
     kinds: list[int] = []
     texts: list[str] = []
+    tool_call: list[int] = []
     called = False
     for i, msg in enumerate(history):
         role = msg.get("role") if isinstance(msg, dict) else None
@@ -78,13 +93,14 @@ def _parse(path: Path, shown: str, errors: RowErrors) -> tuple[list[int], list[s
             kind = role
         kinds.append(KIND_CODES[kind])
         texts.append(text)
+        tool_call.append(_recorded_tool_call(msg) if kind == "assistant" else -1)
     steps = data.get("trajectory") if isinstance(data.get("trajectory"), list) else []
     exec_s = [
         float(s["execution_time"]) if isinstance(s, dict) and type(s.get("execution_time")) in
         (int, float) and s["execution_time"] >= 0 else np.nan
         for s in steps
     ]  # fmt: skip
-    return kinds, texts, exec_s
+    return kinds, texts, exec_s, tool_call
 
 
 def read_swe_agent(
@@ -107,18 +123,20 @@ def read_swe_agent(
             raise TraceError(f"{folder}: no .traj files")
     counter = counter or TokenCounter()
     errors = RowErrors(skip=skip_bad_rows)
-    offsets, kinds, texts, exec_all = [0], [], [], []
+    offsets, kinds, texts, exec_all, tool_call = [0], [], [], [], []
     for path in paths:
-        k, t, e = _parse(path, str(path), errors)
+        k, t, e, c = _parse(path, str(path), errors)
         kinds += k
         texts += t
+        tool_call += c
         offsets.append(len(kinds))
         exec_all.append(e)
     text_arr = pa.array(texts, pa.string())
     kind_arr = np.asarray(kinds, np.uint8)
     msgs = ChatMessages(np.asarray(offsets, np.int64), kind_arr, counter.count(text_arr),
                         content_hashes(text_arr, kind_arr))  # fmt: skip
-    req = chat_requests(msgs, np.arange(len(paths)), category="agent")
+    req = chat_requests(msgs, np.arange(len(paths)), category="agent",
+                        recorded_tool_call=np.asarray(tool_call, np.int8))  # fmt: skip
     req = drop_oversized_sessions(req, errors, lambda session: str(paths[session]))
     think = np.zeros(len(req))
     for i in np.flatnonzero(req.turn > 0):

@@ -36,9 +36,10 @@ Structure (each session is an agent loop; every call re-sends the whole history)
   conversation trace 59 min; the arXiv trace, also 23,608 requests, has its first 1,000 in 177 s),
   so the default rate makes 23,608 requests span about 3,600 s.
 
-Hints: category 'agent'; each later call follows the call before it; every reply followed by a
-tool output is a tool call with `tool_wait_s` 0, as the real trace would carry it (known to be a
-tool call, duration unknown).
+Hints: category 'agent'; each later call follows the call before it; a tool call has
+`tool_wait_s` 0 (known to be a tool call, duration unknown). Which replies are tool calls is
+drawn apart from the session's continuation with published abandonment and interruption rates
+(`kvsim.traces.toolhint`, issue 45), so a tool call's session does not always come back.
 
 The free structure parameters (prefix count, prefix lengths, calls per session) are calibrated
 offline, once: see `ToolAgentParams`. Nothing is tuned at run time.
@@ -151,15 +152,24 @@ def _session_max(values: np.ndarray, session: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(shifted) - session * span
 
 
+def _seeds(seed: int, streams: int) -> list[np.random.SeedSequence]:
+    """The generator's independent streams: child i is the same whatever `streams` is."""
+    return np.random.SeedSequence([seed, 0x746F6F6C]).spawn(streams)
+
+
+def _hint_stream(seed: int) -> np.random.Generator:
+    """The tool-call hint's own stream (the 8th child), so adding it moved no other draw."""
+    return np.random.default_rng(_seeds(seed, 8)[7])
+
+
 def _draw(params: ToolAgentParams, sessions: int, seed: int) -> tuple[ChatMessages, np.ndarray]:
     """Messages of `sessions` agent loops, plus the tool wait before every call.
 
     One stream per quantity, each drawn once in session order, so the first n sessions are the
     same whatever the total: a longer trace extends a shorter one.
     """
-    ss = np.random.SeedSequence([seed, 0x746F6F6C])
     r_calls, r_prefix, r_in, r_out, r_hash, r_out_hash, r_wait = (
-        np.random.default_rng(s) for s in ss.spawn(7)
+        np.random.default_rng(s) for s in _seeds(seed, 7)
     )
     calls = np.minimum(r_calls.geometric(1.0 / params.mean_calls, sessions), params.max_calls)
     n = int(calls.sum())
@@ -234,7 +244,8 @@ def generate_toolagent(
     sessions = math.ceil(want / params.mean_calls * 1.1) + 16
     for _ in range(_MAX_DOUBLINGS):
         msgs, wait = _draw(params, sessions, seed)
-        req = chat_requests(msgs, np.arange(sessions), category="agent")
+        req = chat_requests(msgs, np.arange(sessions), category="agent",
+                            hint_rng=_hint_stream(seed))  # fmt: skip
         starts = PoissonProcess(params.rate, seed).draw(sessions)
         closed_loop_times(req, starts[req.session_id], wait)
         if int((req.arrival_s < starts[-1]).sum()) >= want:
