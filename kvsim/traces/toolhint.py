@@ -11,16 +11,19 @@ draw the hint from it with two published rates:
 - A session's last reply is a tool call that never returned (the harness cut the loop: a
   command timeout, the context or cost limit, an error, a format failure) with probability
   `CUT_SESSION_SHARE`. Source: SWE-agent's exit statuses on SWE-Bench Pro, 4 models x 730
-  tasks = 2,920 trajectories, https://nilenso.github.io/swe-bench-pro-cost-token-time-analysis/
-  reference.html (table "Resolution and Submission"): 2,214 ended cleanly by the model's own
-  `submit`; 530 were auto-submitted after an error condition and 176 never submitted, so
-  706 / 2,920 = 24.2 % of sessions ended on a call the harness abandoned.
+  tasks = 2,920 trajectories, nilenso's analysis (table "0. Resolution and Submission"),
+  https://nilenso.github.io/swe-bench-pro-cost-token-time-analysis/reference.html
+  : 2,214 ended cleanly by the model's own `submit`; 530 were auto-submitted after an error
+  condition the harness recorded (command timeout, context overflow, cost limit, format error)
+  and 176 never submitted, so 706 / 2,920 = 24.2 % of sessions ended on a call the harness
+  abandoned. (Benchmark runs, not production traffic: the closest public count we found.)
 - A session that continues had one of its replies interrupted by the user (cut while it was
   decoded, so no tool call is known; the user's next message continues the session) with
   probability `INTERRUPTED_SESSION_SHARE`. Source: Anthropic, "Measuring AI agent autonomy in
-  practice" (18 Feb 2026), https://www.anthropic.com/research/measuring-agent-autonomy: users
-  interrupt Claude Code in about 5 % of turns (new users) rising to about 9 % (experienced);
-  we take the new users' 5 % (a Claude Code turn is one agent run, a drawn session here).
+  practice" (18 Feb 2026), https://www.anthropic.com/research/measuring-agent-autonomy :
+  users interrupt Claude Code in about 5 % of turns (new users) rising to about 9 %
+  (experienced, 750+ sessions); we take the new users' 5 %, the lower figure (a Claude Code turn
+  is one agent run on one user prompt, a drawn session here).
 
 Every other reply's hint is the truth. Draws are per row from the generator's own stream, in
 row order, so the same seed gives the same bits and a longer trace extends a shorter one.
