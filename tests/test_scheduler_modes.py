@@ -3,6 +3,8 @@ GUARANTEED_NO_EVICT reservation and its unchunked context phase."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from helpers import Req, make_trace, without_front_end
@@ -10,6 +12,7 @@ from helpers import Req, make_trace, without_front_end
 from kvsim.costmodel import make_cost_model
 from kvsim.engine import EngineConfig, simulate
 from kvsim.engine.resolve import check_fields
+from kvsim.engines.registry import PROFILES_DIR
 from kvsim.errors import ConfigError
 from kvsim.hardware import load_profile
 from kvsim.models import load_model
@@ -34,8 +37,9 @@ def test_multi_step_admits_only_at_the_end_of_a_round() -> None:
     reqs = [Req([(1, 100)], 200, arrival_s=0.0), Req([(2, 50)], 5, arrival_s=b_arrives)]
     single = run(reqs)
     multi = run(reqs, num_scheduler_steps=10)
-    # one step at a time: B starts with A's next step
-    assert single["scheduled_s"][1] == pytest.approx(prefill_s + float(steps[3]))
+    # one step at a time: A's next step was scheduled when the one B arrived in began (vLLM
+    # V1's async scheduling), so B starts with the step after it
+    assert single["scheduled_s"][1] == pytest.approx(prefill_s + float(steps[4]))
     # ten at a time: B waits for the round's tenth step
     assert multi["scheduled_s"][1] == pytest.approx(prefill_s + float(steps[9]))
     assert multi["ttft_s"][1] > single["ttft_s"][1]
@@ -81,3 +85,34 @@ def test_bad_scheduler_settings_are_refused() -> None:
         check_fields(EngineConfig(num_scheduler_steps=0))
     with pytest.raises(ConfigError, match="kv_reservation"):
         check_fields(EngineConfig(kv_reservation="some"))
+
+
+def _engine_file(tmp_path, overlap: bool) -> str:
+    """vLLM 0.24's profile with no CPU time per iteration, so that overlapping scheduling
+    changes when a request may join, not how long an iteration takes."""
+    text = (PROFILES_DIR / "vllm@0.24.toml").read_text(encoding="utf-8")
+    for key, value in (
+        ("overlap_scheduling", str(overlap).lower()),
+        ("iteration_overhead_s", "0.0"),
+        ("eager_launch_s", "0.0"),
+    ):
+        text = re.sub(rf"^{key} = [^\"\n]*$", f"{key} = {value}", text, count=1, flags=re.M)
+    path = tmp_path / f"overlap-{overlap}.toml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_an_engine_that_schedules_ahead_makes_an_arrival_wait_one_more_step(tmp_path):
+    """vLLM V1's async scheduling chose the next step's batch when the step in flight began: a
+    request arriving while A decodes joins the step after next, one decode step later than
+    under the same engine scheduling step by step. An arrival at an idle engine waits for
+    nothing either way."""
+    reqs = [Req([(1, 100)], 400), Req([(2, 100)], 1, arrival_s=0.5)]
+    ttft, tpot = {}, {}
+    for overlap in (False, True):
+        config = EngineConfig(engine=_engine_file(tmp_path, overlap))
+        rows = simulate(make_trace(reqs), MODEL, PROFILE, config).requests.to_pydict()
+        ttft[overlap], tpot[overlap] = rows["ttft_s"], rows["tpot_s"]
+    assert ttft[True][0] == ttft[False][0]  # A arrived at an idle engine
+    step = tpot[False][0]  # A's decode step, nearly constant at batch 1
+    assert ttft[True][1] - ttft[False][1] == pytest.approx(step, rel=0.05)

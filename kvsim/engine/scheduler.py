@@ -130,6 +130,14 @@ class Scheduler:
         self.prefill_first = config.mixed_batches is False and role != "decode"
         # the serving front end's per-request work (API server, tokenisation)
         self.request_overhead_s = pricer.cost.request_overhead_s
+        # an engine that schedules one step ahead (vLLM V1's async scheduling, SGLang's and
+        # TensorRT-LLM's overlap schedulers) decided the next iteration's batch when the one in
+        # flight started: a request reaching it meanwhile waits out the next iteration too
+        engine = getattr(pricer.cost, "engine", None)
+        self.schedules_ahead = bool(engine is not None and engine.overlap_scheduling)
+        self.in_flight = False  # an iteration or a coalesced run is on the GPU
+        # (time taken in, request) of those that arrived while one was: for the batch after next
+        self.next_round: list[tuple[float, Request]] = []
         # a token-dropping compression: decoding requests hold only their kept tokens' blocks
         self.compacting = pricer.compacting
         # P/D: a prompt computed here goes on to its decode replica; a decode replica pulls a
@@ -167,14 +175,29 @@ class Scheduler:
 
     def _after_front_end(self, request: Request, _event: simpy.Event) -> None:
         self.arriving -= 1
-        self.waiting.append(request)
-        self._notify()
+        self._queue(request)
 
     def enqueue(self, request: Request) -> None:
         """Queue a request that has already arrived (e.g. handed on by a prefill replica)."""
         self._claim(request)
-        self.waiting.append(request)
+        self._queue(request)
+
+    def _queue(self, request: Request) -> None:
+        """The engine core takes a request in. One that schedules ahead and has an iteration in
+        flight already chose the next batch, so the request waits for the batch after it
+        (`_release_next_round`, when the next iteration starts); else it can join the next."""
+        if self.schedules_ahead and self.in_flight:
+            self.next_round.append((self.env.now, request))
+        else:
+            self.waiting.append(request)
         self._notify()
+
+    def _release_next_round(self, before: float = float("inf")) -> None:
+        """An iteration starts (at ``before``, in a coalesced run): requests held for the batch
+        after it, taken in before it started, join the queue."""
+        if self.next_round:
+            self.waiting.extend(req for t, req in self.next_round if t < before)
+            self.next_round = [(t, req) for t, req in self.next_round if t >= before]
 
     def _claim(self, request: Request) -> None:
         """`request` is this replica's: its tokens to compute count in the load routers see."""
@@ -198,6 +221,9 @@ class Scheduler:
         price = self.pricer.iteration_s
         while True:
             if not self.running and not self.waiting:
+                if self.next_round:  # an idle engine core schedules what it has at once
+                    self._release_next_round()
+                    continue
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
@@ -212,7 +238,13 @@ class Scheduler:
                     continue
                 self.round_left = 0  # out of blocks: schedule (and preempt) as usual
             # nothing waiting can join: the batch can only decode until something finishes
-            if self.coalesce and self._all_decoding() and self._cannot_admit():
+            # (a request held for the batch after next must join after one more step)
+            if (
+                self.coalesce
+                and not self.next_round
+                and self._all_decoding()
+                and self._cannot_admit()
+            ):
                 steps, need = self._coalescible_steps()
                 if steps >= 2:
                     yield from self._decode_run(steps, need)
@@ -240,6 +272,8 @@ class Scheduler:
                     prefill.append((n, req.computed))
             duration, fetch = price(decoders, batch, prefill, decode)
             duration += rotated * kv.rerotate_s_per_token
+            self._release_next_round()
+            self.in_flight = True
             if self.gated:
                 yield from gated_iteration(env, batch, duration, kv.layers)
             elif fetch:
@@ -248,6 +282,7 @@ class Scheduler:
                 duration = env.now - start
             else:
                 yield env.timeout(duration)
+            self.in_flight = False
             self.busy_s += duration
             self.iterations += 1
             self._complete(decoders, batch)
@@ -642,6 +677,8 @@ class Scheduler:
         run_s = float(ends[-1])
         self.run_reserved_blocks = need
         start = env.now
+        self._release_next_round()
+        self.in_flight = True
         if self.round_left:  # a multi-step round: nothing cuts it
             yield env.timeout(run_s)
             cut = False
@@ -656,13 +693,23 @@ class Scheduler:
             cut = wake.triggered and env.now - start < run_s
             self._wake = None
         done = steps
+        release = False  # whether the step that held arrivals waited out has run
         if cut:
             elapsed = env.now - start
             step = int(ends.searchsorted(elapsed, side="left"))
-            done = min(step + 1, steps)
+            # the step in progress ends the run; an engine that schedules ahead had already
+            # chosen the one after it, which runs too before a held arrival can join
+            ahead = 2 if self.next_round else 1
+            done = min(step + ahead, steps)
+            release = ahead == 2 and done == step + 2
             remaining = float(ends[done - 1]) - elapsed
             if remaining > 0:
                 yield env.timeout(remaining)
+        self.in_flight = False
+        if not cut and self.round_left:  # a multi-step round looks at its queue at its end
+            self._release_next_round()
+        elif release:  # those in before the run's last step began; the rest wait one more
+            self._release_next_round(start + float(ends[done - 2]))
         self.run_reserved_blocks = 0
         self.round_left = max(0, self.round_left - done)
         duration = float(ends[done - 1])
