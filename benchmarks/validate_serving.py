@@ -449,20 +449,47 @@ def signed_error(kvsim: float, measured: float) -> float:
     return (kvsim - measured) / measured
 
 
-def fit_overheads(results: Iterable[Result]) -> dict[str, tuple[float, int, float]]:
-    """engine -> (fitted overhead, points, median gap): the median over the engine's fit-half
-    points below saturation of measured TTFT - kvsim TTFT without the overhead, floored at 0 for
-    the fitted value (a negative gap means kvsim's TTFT is too high without any front end, which
-    an overhead cannot fix). Engines with no such point are absent."""
-    gaps: dict[str, list[float]] = {}
+def fit_overheads(
+    results: Iterable[Result], extra: dict[str, dict[str, list[float]]] | None = None
+) -> dict[str, tuple[float, int, float, int]]:
+    """engine -> (fitted overhead, points, median gap, sources). Each source gets one vote:
+    the median over its fit-half points below saturation of measured TTFT - kvsim TTFT without
+    the overhead (arrivals over time, not all at once); the engine's fit is the median of its
+    sources' votes, floored at 0 for the
+    fitted value (a negative gap means kvsim's TTFT is too high without any front end, which
+    an overhead cannot fix), so a source with many points cannot outvote the others.
+    ``extra``: more gaps per engine and source, measured elsewhere (the single-request TTFTs of
+    benchmarks/validate_tiers.py). Engines with no such point are absent."""
+    gaps: dict[str, dict[str, list[float]]] = {}
     for r in results:
-        if r.half == "fit" and r.point.below_saturation and "ttft_s" in r.point.measured:
-            gaps.setdefault(r.point.engine, []).append(r.point.measured["ttft_s"] - r.raw["ttft_s"])
+        # all requests at once ("offline") measure each one's wait behind the others' prefill,
+        # not the front end
+        light = r.point.below_saturation and r.point.arrival != "offline"
+        if r.half == "fit" and light and "ttft_s" in r.point.measured:
+            by_source = gaps.setdefault(r.point.engine, {})
+            by_source.setdefault(r.point.source, []).append(
+                r.point.measured["ttft_s"] - r.raw["ttft_s"]
+            )
+    for engine, sources in (extra or {}).items():
+        if engine in gaps or any(r.point.engine == engine for r in results):
+            for source, g in sources.items():
+                gaps.setdefault(engine, {}).setdefault(source, []).extend(g)
     fits = {}
-    for engine, g in sorted(gaps.items()):
-        gap = statistics.median(g)
-        fits[engine] = (max(gap, 0.0), len(g), gap)
+    for engine, sources in sorted(gaps.items()):
+        gap = statistics.median(statistics.median(g) for g in sources.values())
+        points = sum(len(g) for g in sources.values())
+        fits[engine] = (max(gap, 0.0), points, gap, len(sources))
     return fits
+
+
+def tier_gaps() -> dict[str, dict[str, list[float]]]:
+    """The front-end gaps of the single-request TTFTs benchmarks/validate_tiers.py compares
+    (vLLM's offloading post, Figure 1: the load-from-CPU runs at its fit-half lengths), for the
+    engine those runs are replayed under."""
+    sys.path.insert(0, str(HERE))
+    from validate_tiers import ENGINE, SOURCE_ID, front_end_gaps
+
+    return {ENGINE: {SOURCE_ID: front_end_gaps("fit")}}
 
 
 def apply_fit(results: Iterable[Result], overheads: dict[str, float]) -> None:
@@ -748,10 +775,12 @@ def engine_gpu_tables(results: Sequence[Result]) -> str:
     return "\n\n".join(blocks)
 
 
-def overhead_table(results: Sequence[Result], fits: dict[str, tuple[float, int, float]]) -> str:
+def overhead_table(
+    results: Sequence[Result], fits: dict[str, tuple[float, int, float, int]]
+) -> str:
     """Each engine's profile overhead and the value fitted on its fit half."""
     lines = [
-        "| engine | profile's request_overhead_s | fitted | fit-half points | line for "
+        "| engine | profile's request_overhead_s | fitted | fit-half points (sources) | line for "
         "kvsim/engines/profiles/ENGINE.toml |",
         "|---|---|---|---|---|",
     ]
@@ -760,12 +789,12 @@ def overhead_table(results: Sequence[Result], fits: dict[str, tuple[float, int, 
             r.kvsim["ttft_s"] - r.raw["ttft_s"] for r in results if r.point.engine == engine
         )
         if engine in fits:
-            value, n, gap = fits[engine]
+            value, n, gap, sources = fits[engine]
             line = f"`request_overhead_s = {value:.4f}`"
             shown_gap = "" if gap >= 0 else f" (median gap {gap * 1e3:+.1f} ms)"
             lines.append(
-                f"| {engine} | {applied * 1e3:.1f} ms | {value * 1e3:.1f} ms{shown_gap} | {n} | "
-                f"{line} |"
+                f"| {engine} | {applied * 1e3:.1f} ms | {value * 1e3:.1f} ms{shown_gap} | {n} "
+                f"({sources}) | {line} |"
             )
         else:
             lines.append(f"| {engine} | {applied * 1e3:.1f} ms | – | 0 | (kept) |")
@@ -884,15 +913,16 @@ def write_csv(results: Sequence[Result], path: Path) -> None:
                             fitted[metric], r.requests, round(r.wall_s, 2)])  # fmt: skip
 
 
-def fit_lines(fits: dict[str, tuple[float, int, float]]) -> str:
+def fit_lines(fits: dict[str, tuple[float, int, float, int]]) -> str:
     """The line to paste into each fitted engine's profile, with its provenance."""
     out = []
-    for engine, (value, n, gap) in fits.items():
+    for engine, (value, n, gap, sources) in fits.items():
         out.append(
             f"# kvsim/engines/profiles/{engine}.toml\nrequest_overhead_s = {value:.4f}"
             f'\n# [sources] request_overhead_s = "measured: benchmarks/validate_serving.py --fit, '
-            f"median over {n} fit-half published runs below saturation of measured TTFT minus "
-            f'kvsim TTFT without it ({gap * 1e3:+.1f} ms, floored at 0)"'
+            f"median over {sources} sources of each one's median, over {n} fit-half published "
+            f"runs below saturation, of measured TTFT minus kvsim TTFT without it "
+            f'({gap * 1e3:+.1f} ms, floored at 0)"'
         )
     return "\n".join(out)
 
@@ -934,8 +964,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         r.half = halves[point.id]
         results.append(r)
         print(f"  {point.id}: {r.requests} requests, {r.wall_s:.1f} s", file=sys.stderr)
-    fits = fit_overheads(results)
-    apply_fit(results, {engine: value for engine, (value, _, _) in fits.items()})
+    fits = fit_overheads(results, tier_gaps())
+    apply_fit(results, {engine: value for engine, (value, *_) in fits.items()})
     sweeps = [] if args.no_saturation else find_sweeps(chosen)
     check_saturation(data, sweeps, results, args.max_requests, args.seed)
     text = report(results, fits, sweeps)

@@ -28,12 +28,16 @@ import statistics
 import numpy as np
 
 from kvsim.engine import EngineConfig, simulate
+from kvsim.engines import load_engine
 from kvsim.hardware import load_profile
 from kvsim.models import load_model
 from kvsim.models.sizing import kv_bytes_per_token
 from kvsim.traces.schema import KIND_CODES, Trace, make_trace_table
 
 SOURCE = "https://blog.vllm.ai/2026/01/08/kv-offloading-connector.html (Figure 1)"
+SOURCE_ID = "vllm-blog-kv-offloading-fig1"
+#: the engine profile the runs are replayed under: the post measured vLLM V1 at a 2025-26 commit
+ENGINE = "vllm@0.24"
 # prompt tokens -> (GPU compute TTFT ms, load-from-CPU TTFT ms), read off Figure 1
 MEASURED_MS: dict[int, tuple[float, float]] = {
     10_000: (268, 42),
@@ -80,6 +84,7 @@ def kvsim_ttfts(tokens: int, profile_name: str, overlap: str) -> dict[str, float
     profile = load_profile(profile_name)
     block = 16
     config = EngineConfig(
+        engine=ENGINE,
         block_size=block,
         num_gpu_blocks=math.ceil((tokens + 1) / block) + 1,  # room for one prompt at a time
         tiers="hbm,dram",
@@ -93,6 +98,21 @@ def kvsim_ttfts(tokens: int, profile_name: str, overlap: str) -> dict[str, float
         "transfer_s": rows["load_wait_s"][3],
         "dram_tokens": rows["dram_tokens"][3],
     }
+
+
+def front_end_gaps(half: str, profile: str = "h100-sxm") -> list[float]:
+    """Measured load-from-CPU TTFT minus kvsim's without the engine's front end, in seconds,
+    at alternate lengths (``half`` "fit": 10K, 30K, ...; "held-out": 20K, 40K, ...): what a
+    per-request front end would have to be for this source (benchmarks/validate_serving.py
+    gives it one vote in the fit of ``request_overhead_s``). A lone request on an idle engine
+    waits for no other iteration, so the gap is the front end and the tier model's error."""
+    front = load_engine(ENGINE).request_overhead_s
+    lengths = sorted(MEASURED_MS)[0 if half == "fit" else 1 :: 2]
+    out = []
+    for tokens in lengths:
+        k = kvsim_ttfts(tokens, profile, "none")
+        out.append(MEASURED_MS[tokens][1] * 1e-3 - (k["load_s"] - front))
+    return out
 
 
 def _err(kvsim: float, measured: float) -> float:

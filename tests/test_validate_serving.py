@@ -124,16 +124,20 @@ def test_error_fit_and_summary_on_a_hand_worked_case() -> None:
         rows.append(r)
     fits = vs.fit_overheads(rows)
     assert fits == {
-        "x@1": (pytest.approx(0.015), 3, pytest.approx(0.015)),
-        "y@2": (pytest.approx(0.050), 1, pytest.approx(0.050)),
+        "x@1": (pytest.approx(0.015), 3, pytest.approx(0.015), 1),
+        "y@2": (pytest.approx(0.050), 1, pytest.approx(0.050), 1),
     }
-    vs.apply_fit(rows, {engine: value for engine, (value, _, _) in fits.items()})
+    vs.apply_fit(rows, {engine: value for engine, (value, *_) in fits.items()})
     # a negative gap (kvsim too slow without any front end) fits an overhead of 0
     slow = _point(id="h", engine="w@4", measured={"ttft_s": 0.010})
     fast = vs.Result(slow, {"ttft_s": 0.020}, {"ttft_s": 0.015}, 1, 0.0)
     fast.half = "fit"
-    assert vs.fit_overheads([fast]) == {"w@4": (0.0, 1, pytest.approx(-0.005))}
+    assert vs.fit_overheads([fast]) == {"w@4": (0.0, 1, pytest.approx(-0.005), 1)}
     held, other, unfitted = rows[4], rows[5], rows[6]
+    # each source votes once: two of one source (15, 30 ms: votes 22.5), extra gaps of another
+    # (5 ms) and a third (40 ms) give the median vote, 22.5 ms, however many points each has
+    votes = vs.fit_overheads(rows[:2], {"x@1": {"t": [0.005] * 9, "u": [0.040]}})
+    assert votes == {"x@1": (pytest.approx(0.0225), 12, pytest.approx(0.0225), 3)}
     assert held.fitted["ttft_s"] == pytest.approx(0.030)
     assert held.fitted["e2e_s"] == pytest.approx(0.910)
     assert other.fitted["ttft_s"] == pytest.approx(0.065)
