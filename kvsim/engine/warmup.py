@@ -18,7 +18,9 @@ HBM at least twice (`horizon_blocks`). Under LRU, HBM's contents depend only on 
 that fill it, so older requests change nothing there; HBM's second fill is the slack pinned and
 partial blocks take (at exactly one fill hypothesis found an HBM a block off). A lower tier
 changes only when a block is written to it, so it may still hold a block from before the
-horizon that this replay leaves out; frequency- or history-based policies remember older
+horizon that this replay leaves out, and through the load-or-recompute choice (a block still
+in DRAM is loaded, one the replay never wrote there is recomputed) that can change HBM as
+well; frequency- or history-based policies remember older
 requests too. Both are approximations `benchmarks/bench_shards.py` measures with the rest
 (docs/sharding.md: one fill and two of every tier gave the same errors). This keeps a window's
 cost bounded by what the caches hold, not by how far into the trace it lies.
