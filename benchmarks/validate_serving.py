@@ -486,7 +486,8 @@ def tier_gaps() -> dict[str, dict[str, list[float]]]:
     """The front-end gaps of the single-request TTFTs benchmarks/validate_tiers.py compares
     (vLLM's offloading post, Figure 1: the load-from-CPU runs at its fit-half lengths), for the
     engine those runs are replayed under."""
-    sys.path.insert(0, str(HERE))
+    if str(HERE) not in sys.path:  # loaded by file (the tests), not run from benchmarks/
+        sys.path.insert(0, str(HERE))
     from validate_tiers import ENGINE, SOURCE_ID, front_end_gaps
 
     return {ENGINE: {SOURCE_ID: front_end_gaps("fit")}}

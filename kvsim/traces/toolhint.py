@@ -47,7 +47,7 @@ def _per_reply_interrupt(continues: np.ndarray, session: np.ndarray) -> np.ndarr
     """Per continuing reply, the chance of an interrupt that gives its session one in
     `INTERRUPTED_SESSION_SHARE` on average: 1 - (1 - share)^(1/k), k = the session's
     continuing replies (rows grouped by session)."""
-    _, inverse, _ = np.unique(session, return_inverse=True, return_counts=True)
+    _, inverse = np.unique(session, return_inverse=True)
     k = np.bincount(inverse, weights=continues.astype(np.float64))[inverse]
     return np.where(continues, 1.0 - (1.0 - INTERRUPTED_SESSION_SHARE) ** (1.0 / np.maximum(k, 1)),
                     0.0)  # fmt: skip
