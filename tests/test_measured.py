@@ -443,3 +443,19 @@ def test_allreduce_and_provenance_load_from_a_file(tmp_path: Path, tiny) -> None
     cost = make_cost_model(tiny, profile, tp=2, engine=None)
     assert isinstance(cost, MeasuredCostModel) and cost.allreduce is not None
     assert cost.tables.extra["filled_from_roofline"] == ["x"]
+
+
+def test_measured_tables_under_an_overlapping_engine_schedule_ahead_as_the_roofline_does(
+    tiny,
+) -> None:
+    """Whether arrivals wait for the batch after next comes from the cost model's clock, so a
+    measured profile under vLLM V1 schedules ahead as the roofline model does."""
+    from kvsim.engines import load_engine
+
+    for engine, ahead in (("vllm@0.24", True), ("vllm@0.6", False)):
+        measured = make_cost_model(tiny, _profile(tiny), engine=load_engine(engine))
+        roofline = make_cost_model(
+            tiny, dataclasses.replace(_profile(tiny), measured={}), engine=load_engine(engine)
+        )
+        assert measured.kind == "measured"
+        assert measured.clock.overlap is roofline.clock.overlap is ahead

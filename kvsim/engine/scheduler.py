@@ -133,8 +133,8 @@ class Scheduler:
         # an engine that schedules one step ahead (vLLM V1's async scheduling, SGLang's and
         # TensorRT-LLM's overlap schedulers) decided the next iteration's batch when the one in
         # flight started: a request reaching it meanwhile waits out the next iteration too
-        engine = getattr(pricer.cost, "engine", None)
-        self.schedules_ahead = bool(engine is not None and engine.overlap_scheduling)
+        # (the cost model's clock knows it, measured or roofline alike)
+        self.schedules_ahead = pricer.cost.clock.overlap
         self.in_flight = False  # an iteration or a coalesced run is on the GPU
         # (time taken in, request) of those that arrived while one was: for the batch after next
         self.next_round: list[tuple[float, Request]] = []
